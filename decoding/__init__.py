@@ -1,0 +1,17 @@
+"""Shared speculative-decoding engine (tree, target wrapper, acceptance, metrics) and one small
+module per method. A method module defines a config dataclass (every hyperparameter its paper
+names, with the paper's default) and a `Method` subclass; list it here to register it."""
+
+METHOD_MODULES = ("ar",)
+
+
+def method_configs() -> dict:
+    """name -> config dataclass of every registered method."""
+    import importlib
+
+    configs = {}
+    for module_name in METHOD_MODULES:
+        module = importlib.import_module(f"decoding.{module_name}")
+        config_cls = module.CONFIG
+        configs[config_cls.name] = config_cls
+    return configs

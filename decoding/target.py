@@ -1,0 +1,140 @@
+"""One wrapper around the target model, shared by every method.
+
+Cache convention: the KV cache holds every committed token except the last one (the *root*, the
+token the next forward starts from). A forward appends rows for a block of tokens; `keep_rows`
+then compacts the cache to the prefix plus the rows that were accepted.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+
+import torch
+from transformers import DynamicCache
+
+from decoding.tree import TokenTree
+
+
+@dataclass
+class ForwardOutput:
+    logits: torch.Tensor  # [n, V], float32
+    hidden: dict[int, torch.Tensor] = field(default_factory=dict)  # layer id -> [n, H] (output of that decoder layer)
+
+
+def additive_mask(visible: torch.Tensor, prefix_len: int, dtype: torch.dtype) -> torch.Tensor:
+    """[1, 1, n, prefix_len + n] float mask: 0 where a row may attend, finfo.min elsewhere.
+
+    Always float: a boolean 4D mask is silently wrong under eager attention in transformers 5.
+    Every row sees the whole cached prefix; inside the block, `visible[i, j]` decides.
+    """
+    n = visible.shape[0]
+    mask = torch.zeros(1, 1, n, prefix_len + n, dtype=dtype, device=visible.device)
+    mask[0, 0, :, prefix_len:].masked_fill_(~visible, torch.finfo(dtype).min)
+    return mask
+
+
+class TargetModel:
+    """Prefill, block/tree forwards with a custom mask, hidden-state taps, KV compaction."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer=None):
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.config = model.config
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self.num_layers = self.config.num_hidden_layers
+        params = inspect.signature(model.forward).parameters
+        # transformers >= 5.2x renamed past_key_values -> cache and dropped cache_position.
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._pass_cache_position = "cache_position" in params
+        self.cache: DynamicCache | None = None
+        self.num_forwards = 0  # decode-time forwards of the full target (prefill excluded)
+
+    # ------------------------------------------------------------------ cache
+    def reset(self) -> None:
+        self.cache = DynamicCache(config=self.config)
+        self.num_forwards = 0
+
+    @property
+    def cache_len(self) -> int:
+        return 0 if self.cache is None else self.cache.get_seq_length()
+
+    def keep_rows(self, prefix_len: int, rows: list[int]) -> None:
+        """Keep cache[:prefix_len] plus block rows `rows` (relative to prefix_len), dropping the rest.
+
+        Our own gather: DynamicCache.crop(0) is a no-op in transformers 5 and crop() cannot
+        drop non-contiguous rows of a tree.
+        """
+        if rows == list(range(len(rows))):
+            self.truncate(prefix_len + len(rows))
+            return
+        index = torch.tensor([prefix_len + r for r in rows], device=self.device)
+        for layer in self.cache.layers:
+            if layer.keys is None or layer.keys.numel() == 0:
+                continue
+            layer.keys = torch.cat([layer.keys[:, :, :prefix_len], layer.keys.index_select(2, index)], dim=2)
+            layer.values = torch.cat([layer.values[:, :, :prefix_len], layer.values.index_select(2, index)], dim=2)
+
+    def truncate(self, length: int) -> None:
+        """Keep the first `length` cached tokens of every layer."""
+        for layer in self.cache.layers:
+            if layer.keys is not None and layer.keys.shape[-2] > length:
+                layer.keys = layer.keys[:, :, :length]
+                layer.values = layer.values[:, :, :length]
+
+    # ---------------------------------------------------------------- forward
+    @torch.inference_mode()
+    def prefill(self, ids: list[int], hidden_layers: tuple[int, ...] = ()) -> ForwardOutput:
+        """Reset the cache and run `ids` through the model (all of them are cached)."""
+        self.reset()
+        if not ids:
+            return ForwardOutput(torch.empty(0, self.config.vocab_size))
+        tokens = torch.tensor(ids, device=self.device)
+        out = self._run(tokens, torch.arange(len(ids), device=self.device), None, hidden_layers, last_only=not hidden_layers)
+        self.num_forwards = 0
+        return out
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        depths: torch.Tensor,
+        visible: torch.Tensor | None,
+        hidden_layers: tuple[int, ...] = (),
+    ) -> ForwardOutput:
+        """Append a block after the cache. `depths` are offsets from the cache length (position =
+        cache_len + depth); `visible` [n, n] bool says which block rows each row attends to
+        (None = plain causal chain, the cheapest case)."""
+        prefix = self.cache_len
+        positions = depths.to(self.device) + prefix
+        mask = None if visible is None else additive_mask(visible.to(self.device), prefix, self.dtype)
+        self.num_forwards += 1
+        return self._run(tokens.to(self.device), positions, mask, hidden_layers)
+
+    def forward_tree(self, tree: TokenTree, hidden_layers: tuple[int, ...] = ()) -> ForwardOutput:
+        tokens = torch.tensor(tree.tokens)
+        depths = torch.tensor(tree.depths)
+        is_chain = all(p == i - 1 for i, p in enumerate(tree.parents))
+        return self.forward(tokens, depths, None if is_chain else tree.ancestor_mask(), hidden_layers)
+
+    def _run(self, tokens, positions, mask, hidden_layers, last_only: bool = False) -> ForwardOutput:
+        kwargs = {
+            "input_ids": tokens[None],
+            "position_ids": positions[None],
+            "attention_mask": mask,
+            self._cache_kw: self.cache,
+            "use_cache": True,
+            "output_hidden_states": bool(hidden_layers),
+        }
+        if self._pass_cache_position:
+            start = self.cache_len
+            kwargs["cache_position"] = torch.arange(start, start + len(tokens), device=self.device)
+        if last_only:
+            kwargs["logits_to_keep"] = 1
+        out = self.model(**kwargs)
+        hidden = {}
+        if hidden_layers:
+            # hidden_states[0] is the embedding output; the output of decoder layer i is [i + 1].
+            hidden = {i: out.hidden_states[i + 1][0] for i in hidden_layers}
+        return ForwardOutput(out.logits[0].float(), hidden)

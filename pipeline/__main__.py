@@ -1,0 +1,30 @@
+"""`python -m pipeline [overrides]`: one Hydra job per run (`-m` for sweeps)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from pipeline.cli import USER_ERRORS, exit_on_user_error, precheck_overrides
+from pipeline.schema import register_configs
+
+register_configs()
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+def main(cfg: DictConfig) -> float | None:
+    from pipeline.runner import run
+
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    with exit_on_user_error(USER_ERRORS):
+        summary = run(cfg, run_dir, show_progress=sys.stderr.isatty())
+    return summary.get("speedup")
+
+
+if __name__ == "__main__":
+    precheck_overrides(sys.argv[1:])
+    main()

@@ -1,0 +1,108 @@
+"""Command-line guard rails: a bad override or bad input stops with one line that names the field
+and the allowed values, instead of a traceback wall."""
+
+from __future__ import annotations
+
+import re
+import sys
+from contextlib import contextmanager
+
+from pipeline.errors import ConfigError
+from pipeline.models import ModelLoadError
+from pipeline.tasks import TaskDataError
+
+USER_ERRORS = (ConfigError, ModelLoadError, TaskDataError)
+MAX_CHECKED_COMBINATIONS = 256
+
+
+@contextmanager
+def exit_on_user_error(errors=USER_ERRORS):
+    try:
+        yield
+    except errors as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def precheck_overrides(argv: list[str], config_module: str = "conf", config_name: str = "config") -> None:
+    """Compose the config for every combination of the command-line overrides (sweeps expanded)
+    and validate it before Hydra starts any job; exit 2 with one line on the first problem."""
+    overrides = [a for a in argv if not a.startswith("-") and "=" in a]
+    if any(a in ("--help", "-h", "--hydra-help", "--info", "-i", "--cfg", "-c") for a in argv):
+        return
+    message = first_config_problem(overrides, config_module, config_name)
+    if message:
+        print(f"error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def first_config_problem(overrides: list[str], config_module: str = "conf", config_name: str = "config") -> str | None:
+    from hydra import compose, initialize_config_module
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_module(config_module=config_module, version_base="1.3"):
+            try:
+                parsed = OverridesParser.create().parse_overrides(overrides)
+                combos = BasicSweeper.split_arguments(parsed, None)[0][:MAX_CHECKED_COMBINATIONS]
+            except Exception as err:  # unparsable override
+                return one_line(err)
+            for combo in combos:
+                try:
+                    cfg = compose(config_name=config_name, overrides=combo)
+                    OmegaConf.to_object(cfg)
+                except Exception as err:
+                    return describe(err, combo)
+    finally:
+        GlobalHydra.instance().clear()
+    return None
+
+
+def describe(err: Exception, combo: list[str]) -> str:
+    """Turn Hydra/OmegaConf composition errors into one actionable line."""
+    text = full_text(err)
+    missing = re.search(r"Could not find '([\w/.\-]+)/([^']+)'", text)
+    if missing:
+        group, option = missing.groups()
+        return f"{group}={option} is not an option; choose one of: {', '.join(group_options(group))}"
+    not_in_struct = re.search(r"Key '([^']+)' not in '(\w+)'", text)
+    full_key = re.search(r"full_key: ([\w.\[\]]+)", text)
+    if not_in_struct:
+        key = full_key.group(1) if full_key else not_in_struct.group(1)
+        return f"unknown config key '{key}' (not a field of {not_in_struct.group(2)})"
+    for cause in chain(err):
+        if isinstance(cause, ConfigError):
+            return str(cause)
+    convert = re.search(r"Value '([^']*)' (?:of type '\w+' )?could not be converted to (\w+)", text)
+    if convert:
+        key = full_key.group(1) if full_key else "a field"
+        return f"{key}={convert.group(1)!r} is not a valid {convert.group(2)}"
+    return one_line(err)
+
+
+def group_options(group: str) -> list[str]:
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.object_type import ObjectType
+
+    loader = GlobalHydra.instance().config_loader()
+    return [o for o in loader.get_group_options(group, results_filter=ObjectType.CONFIG) if not o.endswith("_schema")
+            and not o.startswith("base_")]
+
+
+def chain(err: BaseException):
+    while err is not None:
+        yield err
+        err = err.__cause__ or err.__context__
+
+
+def full_text(err: BaseException) -> str:
+    return "\n".join(str(e) for e in chain(err))
+
+
+def one_line(err: BaseException) -> str:
+    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+    return lines[0] if lines else type(err).__name__

@@ -1,0 +1,18 @@
+"""User-facing errors: each carries one line that names what is wrong and how to fix it."""
+
+from __future__ import annotations
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def check_choice(field: str, value, allowed) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{field}={value!r} is not allowed; choose one of: {', '.join(map(str, allowed))}")
+
+
+def check_range(field: str, value, low=None, high=None) -> None:
+    if (low is not None and value < low) or (high is not None and value > high):
+        bounds = f"[{'-inf' if low is None else low}, {'inf' if high is None else high}]"
+        raise ConfigError(f"{field}={value!r} is out of range {bounds}")

@@ -1,0 +1,103 @@
+"""Run one method over a task's examples, one results.jsonl row per example, flushed as soon as the
+example finishes: rerunning into the same file skips finished examples, so a killed run loses at
+most the example in flight."""
+
+from __future__ import annotations
+
+import json
+import os
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from decoding.engine import Method, generate
+from decoding.metrics import GenerationStats
+from decoding.target import TargetModel
+from pipeline.tasks import Example, build_chat, score_example
+
+
+@dataclass
+class GenerationSettings:
+    max_new_tokens: int
+    temperature: float
+    seed: int
+    stop_ids: set[int]
+    warmup: int = 1
+
+
+def read_results(path: Path) -> dict[str, dict]:
+    """Finished rows by example id. A torn last line (killed mid-write) is ignored."""
+    rows: dict[str, dict] = {}
+    if not path.exists():
+        return rows
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        rows[row["id"]] = row
+    return rows
+
+
+def append_result(path: Path, row: dict) -> None:
+    with path.open("a") as f:
+        f.write(json.dumps(row) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def example_seed(seed: int, example_id: str) -> int:
+    return (seed * 1_000_003 + zlib.crc32(example_id.encode())) % (2**31)
+
+
+def generate_example(method: Method, target: TargetModel, task_cfg, example: Example,
+                     settings: GenerationSettings, on_step: Callable | None = None) -> dict:
+    """All turns of one example (turn k sees the model's own answers to turns < k)."""
+    tokenizer = target.tokenizer
+    history: list[tuple[str, str | None]] = []
+    texts, output_ids = [], []
+    stats = GenerationStats()
+    for turn_index, user_text in enumerate(example.turns):
+        history.append((user_text, None))
+        prompt_ids = build_chat(tokenizer, task_cfg, history)
+        state = generate(method, target, prompt_ids, max_new_tokens=settings.max_new_tokens,
+                         temperature=settings.temperature, stop_ids=settings.stop_ids,
+                         seed=example_seed(settings.seed + turn_index, example.id), on_step=on_step)
+        text = tokenizer.decode(state.new_tokens, skip_special_tokens=True)
+        history[-1] = (user_text, text)
+        texts.append(text)
+        output_ids.append(state.new_tokens)
+        stats.merge(state.stats)
+    row = {"id": example.id, **stats.to_dict(), "outputs": texts, "output_ids": output_ids}
+    row["quality"] = score_example(task_cfg.name, example, texts)
+    return row
+
+
+def warm_up(method: Method, target: TargetModel, task_cfg, example: Example, settings: GenerationSettings) -> None:
+    """Untimed short generations so first-call costs (allocator, kernels) are not measured."""
+    for _ in range(settings.warmup):
+        prompt_ids = build_chat(target.tokenizer, task_cfg, [(example.turns[0], None)])
+        generate(method, target, prompt_ids, max_new_tokens=min(16, settings.max_new_tokens),
+                 temperature=settings.temperature, stop_ids=settings.stop_ids, seed=settings.seed)
+
+
+def run_examples(method: Method, target: TargetModel, task_cfg, examples: list[Example],
+                 settings: GenerationSettings, results_path: Path,
+                 on_row: Callable[[dict], None] | None = None, progress=None) -> list[dict]:
+    """Generate every unfinished example, appending rows to results_path; returns all rows in
+    example order (finished ones read back from the file)."""
+    done = read_results(results_path)
+    todo = [ex for ex in examples if ex.id not in done]
+    if todo and settings.warmup:
+        warm_up(method, target, task_cfg, todo[0], settings)
+    for example in todo:
+        on_step = progress.step_callback() if progress is not None else None
+        row = generate_example(method, target, task_cfg, example, settings, on_step)
+        append_result(results_path, row)
+        done[example.id] = row
+        if progress is not None:
+            progress.finish_example(row)
+        if on_row is not None:
+            on_row(row)
+    return [done[ex.id] for ex in examples if ex.id in done]

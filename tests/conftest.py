@@ -1,0 +1,82 @@
+"""Shared fixtures: tiny randomly initialised llama / qwen3 models with a character-level
+tokenizer, saved to a temp dir so they load through the same code path as real checkpoints."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("WANDB_MODE", "disabled")
+os.environ.setdefault("WANDB_SILENT", "true")
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def tiny_tokenizer():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<unk>", "<s>", "<|end|>", "<|system|>", "<|user|>", "<|assistant|>"]
+    chars = [chr(c) for c in range(32, 127)] + ["\n", "\t"]
+    vocab = {tok: i for i, tok in enumerate(specials + chars)}
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    tk.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>", bos_token="<s>", eos_token="<|end|>")
+    tokenizer.add_special_tokens({"additional_special_tokens": specials[3:]})
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def build_tiny_model(arch: str, vocab_size: int, seed: int = 0, layers: int = 4, init_range: float = 0.2):
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
+
+    common = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                  initializer_range=init_range, eos_token_id=2, bos_token_id=1, pad_token_id=0,
+                  tie_word_embeddings=False)
+    config = LlamaConfig(**common) if arch == "llama" else Qwen3Config(head_dim=16, **common)
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dirs(tmp_path_factory) -> dict[str, Path]:
+    """{'llama': dir, 'qwen3': dir}, each a saved model + tokenizer."""
+    tokenizer = tiny_tokenizer()
+    dirs = {}
+    for arch in ("llama", "qwen3"):
+        path = tmp_path_factory.mktemp(f"tiny_{arch}")
+        build_tiny_model(arch, len(tokenizer)).save_pretrained(path)
+        tokenizer.save_pretrained(path)
+        dirs[arch] = path
+    return dirs
+
+
+@pytest.fixture(params=["llama", "qwen3"])
+def tiny_target(request, tiny_model_dirs):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from decoding.target import TargetModel
+
+    path = tiny_model_dirs[request.param]
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    return TargetModel(model, AutoTokenizer.from_pretrained(path))
+
+
+@pytest.fixture
+def tiny_llama(tiny_model_dirs):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from decoding.target import TargetModel
+
+    path = tiny_model_dirs["llama"]
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    return TargetModel(model, AutoTokenizer.from_pretrained(path))
