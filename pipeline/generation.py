@@ -26,17 +26,23 @@ class GenerationSettings:
     warmup: int = 1
 
 
-def read_results(path: Path) -> dict[str, dict]:
-    """Finished rows by example id. A torn last line (killed mid-write) is ignored."""
+def read_results(path: Path, repair: bool = False) -> dict[str, dict]:
+    """Finished rows by example id. A torn line (a kill mid-write) is ignored; with `repair` it is
+    also cut from the file so that appended rows start on a clean line."""
     rows: dict[str, dict] = {}
     if not path.exists():
         return rows
+    good_lines, torn = [], False
     for line in path.read_text().splitlines():
         try:
             row = json.loads(line)
         except json.JSONDecodeError:
+            torn = True
             continue
         rows[row["id"]] = row
+        good_lines.append(line)
+    if repair and torn:
+        path.write_text("".join(line + "\n" for line in good_lines))
     return rows
 
 
@@ -87,7 +93,7 @@ def run_examples(method: Method, target: TargetModel, task_cfg, examples: list[E
                  on_row: Callable[[dict], None] | None = None, progress=None) -> list[dict]:
     """Generate every unfinished example, appending rows to results_path; returns all rows in
     example order (finished ones read back from the file)."""
-    done = read_results(results_path)
+    done = read_results(results_path, repair=True)
     todo = [ex for ex in examples if ex.id not in done]
     if todo and settings.warmup:
         warm_up(method, target, task_cfg, todo[0], settings)

