@@ -82,3 +82,20 @@ def test_wandb_offline_run_dir(tiny_model_dirs, tmp_path, monkeypatch):
     assert tables
     table = json.loads(tables[0].read_text())
     assert "tau" in table["columns"] and len(table["data"]) == 3
+
+
+def test_speculative_job_measures_against_a_reused_ar_reference(tiny_model_dirs, tmp_path):
+    cfg = job_config(tiny_model_dirs["llama"], tmp_path, "method=pld")
+    first = run(cfg, tmp_path / "run1", show_progress=False)
+    assert first["match_rate"] == 1.0 and first["speedup"] > 0 and first["ar_tokens_per_s"] > 0
+    ref_dirs = list((tmp_path / "outputs" / "ar_reference").iterdir())
+    assert len(ref_dirs) == 1
+    ref_rows = (ref_dirs[0] / "results.jsonl").read_text()
+    second = run(cfg, tmp_path / "run2", show_progress=False)
+    # same fingerprint: the reference is reused, not regenerated
+    assert (ref_dirs[0] / "results.jsonl").read_text() == ref_rows
+    assert second["ar_tokens_per_s"] == first["ar_tokens_per_s"]
+    # another temperature is another fingerprint
+    run(job_config(tiny_model_dirs["llama"], tmp_path, "method=pld", "temperature=1.0"), tmp_path / "run3",
+        show_progress=False)
+    assert len(list((tmp_path / "outputs" / "ar_reference").iterdir())) == 2

