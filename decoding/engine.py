@@ -20,6 +20,10 @@ from decoding.target import ForwardOutput, TargetModel
 from decoding.tree import TokenTree
 
 
+class ContextLimitError(ValueError):
+    """The request does not fit the model's usable context (one line for the user)."""
+
+
 @dataclass
 class Proposal:
     """What one step sends through the target: a verification tree (row 0 = root) and, optionally,
@@ -182,6 +186,10 @@ def generate(
     (tokens in `state.new_tokens`, metrics in `state.stats`)."""
     if not prompt_ids:
         raise ValueError("empty prompt")
+    limit = target.context_limit
+    if limit is not None and len(prompt_ids) + max_new_tokens > limit:
+        raise ContextLimitError(f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds this "
+                                f"model's {limit}-token sliding window; lower max_new_tokens or use shorter prompts")
     state = DecodeState(target, prompt_ids, temperature, max_new_tokens, set(stop_ids), seed)
     t0 = time.perf_counter()
     out = target.prefill(prompt_ids[:-1], method.prefill_hidden_layers())

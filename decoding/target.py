@@ -48,6 +48,10 @@ class TargetModel:
         # transformers >= 5.2x renamed past_key_values -> cache and dropped cache_position.
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._pass_cache_position = "cache_position" in params
+        # Sliding-window layers keep only the last `sliding_window` keys, which breaks tree masks and
+        # row compaction; models that have them are limited to that many tokens of context.
+        sliding = "sliding_attention" in (getattr(self.config, "layer_types", None) or [])
+        self.context_limit: int | None = self.config.sliding_window if sliding else None
         self.cache: DynamicCache | None = None
         self.num_forwards = 0  # decode-time forwards of the full target (prefill excluded)
 

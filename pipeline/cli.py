@@ -7,11 +7,12 @@ import re
 import sys
 from contextlib import contextmanager
 
+from decoding.engine import ContextLimitError
 from pipeline.errors import ConfigError
 from pipeline.models import ModelLoadError
 from pipeline.tasks import TaskDataError
 
-USER_ERRORS = (ConfigError, ModelLoadError, TaskDataError)
+USER_ERRORS = (ConfigError, ModelLoadError, TaskDataError, ContextLimitError)
 MAX_CHECKED_COMBINATIONS = 256
 
 
