@@ -7,6 +7,7 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from pipeline.cli import USER_ERRORS, exit_on_user_error, precheck_overrides
@@ -19,8 +20,9 @@ register_configs()
 def main(cfg: DictConfig) -> float | None:
     from pipeline.runner import run
 
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
-    with exit_on_user_error(USER_ERRORS):
+    hydra_cfg = HydraConfig.get()
+    run_dir = Path(hydra_cfg.runtime.output_dir)
+    with exit_on_user_error(USER_ERRORS, in_sweep=hydra_cfg.mode == RunMode.MULTIRUN):
         summary = run(cfg, run_dir, show_progress=sys.stderr.isatty())
     return summary.get("speedup")
 

@@ -16,11 +16,17 @@ USER_ERRORS = (ConfigError, ModelLoadError, TaskDataError, ContextLimitError)
 MAX_CHECKED_COMBINATIONS = 256
 
 
+class JobError(RuntimeError):
+    """A user error inside one job of a sweep: the job fails with this one line, the sweep goes on."""
+
+
 @contextmanager
-def exit_on_user_error(errors=USER_ERRORS):
+def exit_on_user_error(errors=USER_ERRORS, in_sweep: bool = False):
     try:
         yield
     except errors as err:
+        if in_sweep:  # SystemExit would end a basic-launcher sweep and leave submitit no result to report
+            raise JobError(f"{type(err).__name__}: {err}") from None
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
 

@@ -36,6 +36,18 @@ def _scalars(row: dict) -> dict:
     return {k: v for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
+def _flat_metrics(summary: dict) -> dict:
+    """Scalars plus lists and dicts of numbers spelled out (acceptance_per_pos/0, quality/pass@1), so
+    every method's run carries the same metric names in W&B (vLLM's names for the draft counters)."""
+    out = _scalars(summary)
+    for key, value in summary.items():
+        if isinstance(value, list) and all(isinstance(v, (int, float)) for v in value):
+            out.update({f"{key}/{i}": v for i, v in enumerate(value)})
+        elif isinstance(value, dict):
+            out.update({f"{key}/{k}": v for k, v in _scalars(value).items()})
+    return out
+
+
 class WandbTracker:
     def __init__(self, cfg, run_config: dict, run_dir: Path, job_type: str, tags: list[str]):
         import wandb
@@ -61,7 +73,7 @@ class WandbTracker:
         self._step += 1
 
     def log_summary(self, summary: dict) -> None:
-        for key, value in _scalars(summary).items():
+        for key, value in _flat_metrics(summary).items():
             self.run.summary[key] = value
 
     def log_table(self, name: str, rows: list[dict]) -> None:

@@ -80,3 +80,19 @@ def tiny_llama(tiny_model_dirs):
     path = tiny_model_dirs["llama"]
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     return TargetModel(model, AutoTokenizer.from_pretrained(path))
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory):
+    """A real single-node Slurm (Debian's slurmctld/slurmd/munge) for the session, stopped by pid
+    afterwards; skipped with the reason when the binaries are absent (.ci/run installs them)."""
+    from pipeline.local_slurm import LocalSlurm, missing_binaries
+
+    missing = missing_binaries()
+    if missing:
+        pytest.skip(f"Slurm not installed here (missing {', '.join(missing)}); CI installs it in .ci/run")
+    if os.geteuid() != 0:
+        pytest.skip("the test Slurm runs slurmd, which launches jobs, and needs root")
+    cluster = LocalSlurm(tmp_path_factory.mktemp("slurm")).start()
+    yield cluster
+    cluster.stop()

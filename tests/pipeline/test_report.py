@@ -1,0 +1,112 @@
+"""`python -m pipeline.report`: real runs of the runner on a tiny model, aggregated into one table
+(Markdown, CSV), plots, notes on failed/unfinished jobs, and the W&B comparison run."""
+
+import csv
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_module
+
+from pipeline import report
+from pipeline.runner import run
+from pipeline.schema import register_configs
+
+register_configs()
+
+
+@pytest.fixture(scope="module")
+def sweep_dir(tiny_model_dirs, tmp_path_factory) -> Path:
+    """A sweep-shaped dir: AR, PLD with defaults and PLD with 4 draft tokens, one failed job recorded by
+    the launcher, one unfinished run."""
+    root = tmp_path_factory.mktemp("report")
+    sweep = root / "sweep"
+    for num, overrides in enumerate([["method=ar"], ["method=pld"], ["method=pld", "method.num_draft_tokens=4"]]):
+        with initialize_config_module(config_module="conf", version_base="1.3"):
+            cfg = compose("config", overrides=[
+                "model=smollm2-135m", "model.source=hub", f"model.path={tiny_model_dirs['llama']}",
+                "model.name=tiny-llama", "task=humaneval", "task.limit=2", "max_new_tokens=10", "tracker=none",
+                f"outputs_root={root / 'outputs'}", "experiment=unit_sweep", *overrides])
+        run(cfg, sweep / f"{num}_{overrides[0][7:]}_humaneval", show_progress=False)
+    unfinished = sweep / "3_pld_gsm8k"
+    unfinished.mkdir()
+    (unfinished / "run_config.yaml").write_text("method: {}\n")
+    (unfinished / "results.jsonl").write_text('{"id": "a"}\n')
+    (sweep / "jobs.json").write_text(json.dumps({"4": {
+        "num": 4, "overrides": ["method=pld", "task=mbpp"], "status": "FAILED", "run_dir": str(sweep / "4_pld_mbpp"),
+        "error": "JobError: TaskDataError: mbpp needs task.path offline"}}))
+    return sweep
+
+
+def test_one_row_per_method_and_setting_with_the_runners_numbers(sweep_dir):
+    collected = report.collect([sweep_dir])
+    rows = collected.rows
+    assert [(r["method"], r["settings"]) for r in rows] == [("ar", ""), ("pld", ""), ("pld", "num_draft_tokens=4")]
+    for r in rows:
+        summary = json.loads((Path(r["run_dir"]) / "summary.json").read_text())
+        assert r["speedup"] == summary["speedup"] and r["tau"] == summary["tau"]
+        assert r["quality"] == summary["quality"]["pass@1"] and r["num_prompts"] == 2
+    ar, pld = rows[0], rows[1]
+    assert ar["speedup"] == 1.0 and ar["rejection_rate"] is None and ar["ar_reference"] is None
+    summary = json.loads((Path(pld["run_dir"]) / "summary.json").read_text())
+    assert pld["rejection_rate"] == pytest.approx(1 - summary["num_accepted_tokens"] / summary["num_draft_tokens"])
+    assert pld["match_rate"] == 1.0 and pld["ar_reference"] == rows[2]["ar_reference"]  # one shared AR reference
+    notes = "\n".join(collected.notes)
+    assert "job #4 (method=pld task=mbpp) FAILED: JobError: TaskDataError" in notes
+    assert "3_pld_gsm8k: no summary.json (unfinished or failed; 1 prompts in results.jsonl)" in notes
+
+
+def test_main_writes_markdown_csv_and_plots(sweep_dir, tmp_path):
+    bench = tmp_path / "bench.txt"
+    bench.write_text("model=smollm2-135m threads=2\nforward cost with a 300-token cache (tree block, float mask)\n"
+                     "  n=   1:     83.0 ms   ( 1.00x of n=1)\n  n=   8:    103.1 ms   ( 1.24x of n=1)\n")
+    out = tmp_path / "out"
+    assert report.main([str(sweep_dir), "--out", str(out), "--forward-cost", str(bench)]) == 0
+    markdown = (out / "report.md").read_text()
+    assert "| model | task | T | method | settings | n | speedup | τ | DE |" in markdown
+    assert "| tiny-llama | humaneval | 0 | ar |  | 2 | 1.00x | 1.000 | 1.000 |" in markdown
+    assert "num_draft_tokens=4" in markdown and "Notes:" in markdown
+    with (out / "report.csv").open() as f:
+        table = list(csv.DictReader(f))
+    assert len(table) == 3 and table[0]["method"] == "ar" and float(table[1]["speedup"]) > 0
+    for png in ("speedup.png", "tau.png", "forward_cost.png"):
+        assert (out / png).read_bytes()[:4] == b"\x89PNG"
+    assert not (out / "quality_vs_speedup.png").exists()  # no lossy method in this sweep
+
+
+def test_quality_vs_speedup_is_drawn_for_lossy_methods(sweep_dir, tmp_path):
+    lossy = tmp_path / "lossy_run"
+    shutil.copytree(sweep_dir / "1_pld_humaneval", lossy)
+    summary = json.loads((lossy / "summary.json").read_text())
+    summary.update(method="cascade_like", lossless=False, quality={"pass@1": 0.5}, speedup=1.7)  # a lossy run's shape
+    (lossy / "summary.json").write_text(json.dumps(summary))
+    out = tmp_path / "out"
+    assert report.main([str(sweep_dir), str(lossy), "--out", str(out)]) == 0
+    assert (out / "quality_vs_speedup.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bad_input_is_one_line(sweep_dir, tmp_path, capsys):
+    assert report.main([str(tmp_path / "missing")]) == 2
+    assert capsys.readouterr().err.strip() == f"error: {tmp_path / 'missing'} does not exist"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert report.main([str(empty)]) == 2
+    assert capsys.readouterr().err.strip() == f"error: no summary.json found under {empty}"
+    broken = tmp_path / "broken"
+    shutil.copytree(sweep_dir / "0_ar_humaneval", broken)
+    (broken / "summary.json").write_text("{not json")
+    collected = report.collect([sweep_dir, broken])
+    assert len(collected.rows) == 3  # the others are kept
+    assert any(n.startswith(f"skipped {broken / 'summary.json'}: unreadable summary") for n in collected.notes)
+
+
+def test_wandb_comparison_run_has_the_table_and_images(sweep_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    out = tmp_path / "out"
+    assert report.main([str(sweep_dir), "--out", str(out), "--wandb"]) == 0
+    [offline] = list((out / "wandb").glob("offline-run-*"))
+    [table_file] = offline.glob("files/media/table/comparison_*.table.json")
+    table = json.loads(table_file.read_text())
+    assert table["columns"][:4] == ["model", "task", "temperature", "method"] and len(table["data"]) == 3
+    assert len(list(offline.glob("files/media/images/*.png"))) == 2  # speedup, tau
