@@ -54,10 +54,15 @@ def first_config_problem(overrides: list[str], config_module: str = "conf", conf
     try:
         with initialize_config_module(config_module=config_module, version_base="1.3"):
             try:
-                parsed = OverridesParser.create().parse_overrides(overrides)
-                combos = BasicSweeper.split_arguments(parsed, None)[0][:MAX_CHECKED_COMBINATIONS]
-            except Exception as err:  # unparsable override
-                return one_line(err)
+                parser = OverridesParser.create()
+                combos = BasicSweeper.split_arguments(parser.parse_overrides(overrides), None)[0]
+                # a grid in the config (experiments' hydra.sweeper.params) is swept too; the command line wins
+                params = compose(config_name=config_name, overrides=combos[0], return_hydra_config=True).hydra.sweeper.params
+                grid = [f"{key}={value}" for key, value in (params or {}).items()]
+                combos = BasicSweeper.split_arguments(parser.parse_overrides(grid + overrides), None)[0]
+                combos = combos[:MAX_CHECKED_COMBINATIONS]
+            except Exception as err:  # unparsable override, or a bad one in the first combination
+                return describe(err, overrides)
             for combo in combos:
                 try:
                     cfg = compose(config_name=config_name, overrides=combo)
