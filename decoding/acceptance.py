@@ -57,10 +57,18 @@ def accept_greedy(tree: TokenTree, logits: torch.Tensor) -> Verdict:
 def accept_sampling(
     tree: TokenTree, logits: torch.Tensor, temperature: float, generator: torch.Generator | None
 ) -> Verdict:
-    tokens, children = tree.tokens, tree.children
+    return accept_against(tree, lambda node: target_probs(logits[node], temperature), generator)
+
+
+def accept_against(tree: TokenTree, target_dist, generator: torch.Generator | None) -> Verdict:
+    """Recursive rejection sampling against an arbitrary target distribution per node:
+    `target_dist(node)` is the distribution the token after `node` must follow (the target model's
+    softmax for lossless SD; a deferral rule's mixture π for speculative cascades). Each emitted
+    token is distributed exactly as that target."""
+    children = tree.children
     node, path = 0, [0]
     while True:
-        p = target_probs(logits[node], temperature)
+        p = target_dist(node)
         accepted, p = _try_children(tree, children[node], p, generator)
         if accepted is None:
             return Verdict(path, sample(p, generator))

@@ -75,6 +75,12 @@ class DecodeState:
         return self.prompt_ids + self.new_tokens
 
     @property
+    def pending(self) -> list[int]:
+        """Committed tokens before the root that the target's cache lacks (settled without the
+        full model, e.g. by VIA-SD's slim verifier); the next verification forward re-runs them."""
+        return self.sequence[self.target.cache_len:-1]
+
+    @property
     def root(self) -> int:
         """The last committed token; its KV is not cached yet, the next forward starts from it."""
         return self.sequence[-1]
@@ -86,9 +92,11 @@ class Method:
 
     name = "base"
     lossless = True  # lossy methods (cascades, VIA-SD) set False: no match_rate vs AR then
+    uses_drafter = False  # drafter-verifier methods receive the run's `drafter` config (conf/drafter/)
 
-    def __init__(self, config=None):
+    def __init__(self, config=None, drafter=None):
         self.config = config
+        self.drafter_config = drafter
 
     def setup(self, target: TargetModel) -> None:
         """Called once per run with the loaded target (load drafters, size buffers...)."""
@@ -119,17 +127,34 @@ class Method:
         state.stats.add_time(draft=t1 - t0, verify=t2 - t1, other=t3 - t2)
 
 
-def forward_proposal(target: TargetModel, proposal: Proposal) -> ForwardOutput:
-    tree = proposal.tree
-    if not proposal.aux_tokens:
-        return target.forward_tree(tree, proposal.hidden_layers)
+def forward_proposal(target: TargetModel, proposal: Proposal, pending: list[int] | tuple[int, ...] = (),
+                     active_layers=None) -> ForwardOutput:
+    """One forward of the proposal's rows (tree, then aux). `pending` are committed tokens before
+    the root whose KV the target does not hold yet (settled by a cheaper verifier); they go first
+    as a causal chain that every row sees, so the same pass fills their KV. The returned rows
+    exclude them (row 0 = root). `active_layers` makes it a read-only slim pass (see TargetModel)."""
+    tree, n_pend = proposal.tree, len(pending)
+    is_chain = all(p == i - 1 for i, p in enumerate(tree.parents))
+    if not proposal.aux_tokens and not n_pend:
+        return target.forward_tree(tree, proposal.hidden_layers) if active_layers is None else target.forward(
+            torch.tensor(tree.tokens), torch.tensor(tree.depths), None if is_chain else tree.ancestor_mask(),
+            proposal.hidden_layers, active_layers=active_layers)
     n_tree, n_aux = len(tree), len(proposal.aux_tokens)
-    visible = torch.zeros(n_tree + n_aux, n_tree + n_aux, dtype=torch.bool)
-    visible[:n_tree, :n_tree] = tree.ancestor_mask()
-    visible[n_tree:] = proposal.aux_visible
-    tokens = torch.tensor(tree.tokens + list(proposal.aux_tokens))
-    depths = torch.tensor(tree.depths + list(proposal.aux_depths))
-    return target.forward(tokens, depths, visible, proposal.hidden_layers)
+    n = n_pend + n_tree + n_aux
+    visible = None
+    if n_aux or not is_chain:
+        visible = torch.zeros(n, n, dtype=torch.bool)
+        visible[:n_pend, :n_pend] = torch.ones(n_pend, n_pend, dtype=torch.bool).tril()
+        visible[n_pend:, :n_pend] = True
+        visible[n_pend:n_pend + n_tree, n_pend:n_pend + n_tree] = tree.ancestor_mask()
+        if n_aux:
+            visible[n_pend + n_tree:, n_pend:] = proposal.aux_visible
+    tokens = torch.tensor(list(pending) + tree.tokens + list(proposal.aux_tokens))
+    depths = torch.tensor(list(range(n_pend)) + [d + n_pend for d in tree.depths + list(proposal.aux_depths)])
+    out = target.forward(tokens, depths, visible, proposal.hidden_layers, active_layers=active_layers)
+    if not n_pend:
+        return out
+    return ForwardOutput(out.logits[n_pend:], {k: v[n_pend:] for k, v in out.hidden.items()})
 
 
 def accept(state: DecodeState, tree: TokenTree, logits: torch.Tensor) -> Verdict:
@@ -138,21 +163,27 @@ def accept(state: DecodeState, tree: TokenTree, logits: torch.Tensor) -> Verdict
     return accept_sampling(tree, logits, state.temperature, state.generator)
 
 
-def verify(state: DecodeState, proposal: Proposal) -> StepResult:
-    """Run the proposal through the target, accept, compact the KV cache and commit."""
+def verify(state: DecodeState, proposal: Proposal, decide=None, record: bool = True) -> StepResult:
+    """Run the proposal through the target, accept, compact the KV cache and commit.
+
+    `decide(tree, logits) -> Verdict` replaces the lossless acceptance (a lossy method's rule, e.g.
+    speculative cascades); `record=False` leaves the step counters to the caller (a method that
+    settled part of the block elsewhere records the whole block once)."""
     target = state.target
     prefix_len = target.cache_len
-    output = forward_proposal(target, proposal)
-    verdict = accept(state, proposal.tree, output.logits)
-    target.keep_rows(prefix_len, verdict.path)
+    pending = state.pending
+    output = forward_proposal(target, proposal, pending)
+    verdict = (decide or (lambda tree, logits: accept(state, tree, logits)))(proposal.tree, output.logits)
+    target.keep_rows(prefix_len, list(range(len(pending))) + [len(pending) + i for i in verdict.path])
     tree = proposal.tree
     drafted = [tree.tokens[i] for i in verdict.path[1:]]
     committed = commit(state, drafted + [verdict.bonus])
-    state.stats.record_step(
-        num_draft_tokens=tree.num_draft_nodes(),
-        num_accepted=verdict.num_accepted,
-        accepted_depths=[tree.depths[i] for i in verdict.path[1:]],
-    )
+    if record:
+        state.stats.record_step(
+            num_draft_tokens=tree.num_draft_nodes(),
+            num_accepted=verdict.num_accepted,
+            accepted_depths=[tree.depths[i] for i in verdict.path[1:]],
+        )
     return StepResult(proposal, verdict, output, committed)
 
 

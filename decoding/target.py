@@ -3,6 +3,13 @@
 Cache convention: the KV cache holds every committed token except the last one (the *root*, the
 token the next forward starts from). A forward appends rows for a block of tokens; `keep_rows`
 then compacts the cache to the prefix plus the rows that were accepted.
+
+Layer skipping: a wrapper can own a subset of the decoder layers (`layers=`: an early-exit drafter
+is the first k layers, a slim self-drafter the layers a routing mask keeps); it then runs embed ->
+those layers -> final norm -> lm_head with the model's own modules and its own cache. A single
+forward can also run a subset of the wrapper's layers (`active_layers=`, the slim verifier of
+VIA-SD): such a pass only reads the cache, its block KV is dropped afterwards, because the KV of a
+layer fed by a slimmed residual stream is not the full model's KV (a later full pass recomputes it).
 """
 
 from __future__ import annotations
@@ -37,13 +44,18 @@ def additive_mask(visible: torch.Tensor, prefix_len: int, dtype: torch.dtype) ->
 class TargetModel:
     """Prefill, block/tree forwards with a custom mask, hidden-state taps, KV compaction."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer=None):
+    def __init__(self, model: torch.nn.Module, tokenizer=None, layers=None):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.config = model.config
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.num_layers = self.config.num_hidden_layers
+        # The decoder layers this wrapper runs (all of them for the target; a subset for a drafter
+        # made from the target's own layers, which then keeps its own cache).
+        self.layers: tuple[int, ...] = tuple(range(self.num_layers)) if layers is None else tuple(sorted(set(layers)))
+        if not self.layers or not all(0 <= i < self.num_layers for i in self.layers):
+            raise ValueError(f"layers must be a non-empty subset of 0..{self.num_layers - 1}, got {layers}")
         params = inspect.signature(model.forward).parameters
         # transformers >= 5.2x renamed past_key_values -> cache and dropped cache_position.
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
@@ -62,7 +74,11 @@ class TargetModel:
 
     @property
     def cache_len(self) -> int:
-        return 0 if self.cache is None else self.cache.get_seq_length()
+        return 0 if self.cache is None else self.cache.get_seq_length(self.layers[0])
+
+    @property
+    def is_full(self) -> bool:
+        return len(self.layers) == self.num_layers
 
     def keep_rows(self, prefix_len: int, rows: list[int]) -> None:
         """Keep cache[:prefix_len] plus block rows `rows` (relative to prefix_len), dropping the rest.
@@ -95,7 +111,8 @@ class TargetModel:
         if not ids:
             return ForwardOutput(torch.empty(0, self.config.vocab_size))
         tokens = torch.tensor(ids, device=self.device)
-        out = self._run(tokens, torch.arange(len(ids), device=self.device), None, hidden_layers, last_only=not hidden_layers)
+        out = self._run(tokens, torch.arange(len(ids), device=self.device), None, hidden_layers,
+                        last_only=not hidden_layers, layers=self.layers)
         self.num_forwards = 0
         return out
 
@@ -106,15 +123,29 @@ class TargetModel:
         depths: torch.Tensor,
         visible: torch.Tensor | None,
         hidden_layers: tuple[int, ...] = (),
+        active_layers=None,
+        last_only: bool = False,
     ) -> ForwardOutput:
         """Append a block after the cache. `depths` are offsets from the cache length (position =
         cache_len + depth); `visible` [n, n] bool says which block rows each row attends to
-        (None = plain causal chain, the cheapest case)."""
+        (None = plain causal chain, the cheapest case).
+
+        `active_layers` (a subset of the wrapper's layers) runs only those decoder layers: a
+        read-only pass whose block KV is dropped again, so the cache stays the full model's. It
+        does not count as a full-target forward. `last_only` computes logits for the last row only."""
         prefix = self.cache_len
         positions = depths.to(self.device) + prefix
         mask = None if visible is None else additive_mask(visible.to(self.device), prefix, self.dtype)
-        self.num_forwards += 1
-        return self._run(tokens.to(self.device), positions, mask, hidden_layers)
+        layers = self.layers if active_layers is None else tuple(sorted(set(active_layers)))
+        if not set(layers) <= set(self.layers):
+            raise ValueError(f"active_layers {layers} are not all layers of this wrapper")
+        scratch = layers != self.layers
+        if not scratch:
+            self.num_forwards += 1
+        out = self._run(tokens.to(self.device), positions, mask, hidden_layers, last_only, layers)
+        if scratch:
+            self.truncate(prefix)
+        return out
 
     def forward_tree(self, tree: TokenTree, hidden_layers: tuple[int, ...] = ()) -> ForwardOutput:
         tokens = torch.tensor(tree.tokens)
@@ -122,7 +153,9 @@ class TargetModel:
         is_chain = all(p == i - 1 for i, p in enumerate(tree.parents))
         return self.forward(tokens, depths, None if is_chain else tree.ancestor_mask(), hidden_layers)
 
-    def _run(self, tokens, positions, mask, hidden_layers, last_only: bool = False) -> ForwardOutput:
+    def _run(self, tokens, positions, mask, hidden_layers, last_only: bool = False, layers=None) -> ForwardOutput:
+        if layers is not None and len(layers) < self.num_layers:
+            return self._run_layers(tokens, positions, mask, hidden_layers, last_only, layers)
         kwargs = {
             "input_ids": tokens[None],
             "position_ids": positions[None],
@@ -142,3 +175,25 @@ class TargetModel:
             # hidden_states[0] is the embedding output; the output of decoder layer i is [i + 1].
             hidden = {i: out.hidden_states[i + 1][0] for i in hidden_layers}
         return ForwardOutput(out.logits[0].float(), hidden)
+
+    def _run_layers(self, tokens, positions, mask, hidden_layers, last_only, layers) -> ForwardOutput:
+        """The decoder stack with only `layers` (skipped layers pass the residual stream through
+        and write no KV), built from the model's own modules: embeddings, rotary embedding, decoder
+        layers (each writes its KV to its own cache layer, by its layer index), final norm, head."""
+        stack, head = self.model.model, self.model.lm_head
+        prefix = self.cache_len
+        if mask is None:  # plain causal chain after the cached prefix
+            n = len(tokens)
+            mask = additive_mask(torch.ones(n, n, dtype=torch.bool, device=self.device).tril(), prefix, self.dtype)
+        pos = positions[None]
+        h = stack.embed_tokens(tokens[None])
+        rope = stack.rotary_emb(h, pos)
+        hidden = {}
+        for i in layers:
+            h = stack.layers[i](h, attention_mask=mask, position_ids=pos, cache=self.cache, use_cache=True,
+                                position_embeddings=rope)
+            if i in hidden_layers:
+                hidden[i] = h[0]
+        if last_only:
+            h = h[:, -1:]
+        return ForwardOutput(head(stack.norm(h))[0].float(), hidden)

@@ -33,8 +33,9 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
     return OmegaConf.to_object(cfg)
 
 
-def build_method(method_cfg, target: TargetModel) -> Method:
-    method = get_class(method_cfg._target_)(method_cfg)
+def build_method(method_cfg, target: TargetModel, drafter_cfg=None) -> Method:
+    cls = get_class(method_cfg._target_)
+    method = cls(method_cfg, drafter=drafter_cfg) if getattr(cls, "uses_drafter", False) else cls(method_cfg)
     method.setup(target)
     return method
 
@@ -98,7 +99,7 @@ def run(cfg: DictConfig, run_dir: Path, show_progress: bool = True) -> dict:
     settings = GenerationSettings(
         max_new_tokens=rc.max_new_tokens or rc.task.max_new_tokens, temperature=rc.temperature,
         seed=rc.seed, stop_ids=stop_token_ids(model, tokenizer), warmup=rc.warmup)
-    method = build_method(rc.method, target)
+    method = build_method(rc.method, target, rc.drafter)
 
     tracker = make_tracker(rc.tracker, OmegaConf.to_container(cfg, resolve=True), run_dir, job_type=method.name,
                            tags=[rc.model.name, rc.task.name, f"T{rc.temperature:g}"])

@@ -9,6 +9,7 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from decoding.drafter import DrafterConfig
 from pipeline.errors import check_choice, check_range
 from pipeline.models import ModelConfig
 from pipeline.tasks.base import TaskConfig
@@ -42,7 +43,10 @@ class RunConfig:
     method: Any = MISSING  # one of decoding.method_configs(); validated by its own schema
     task: TaskConfig = MISSING
     tracker: TrackerConfig = MISSING
-    experiment: str = "default"  # names the W&B group and the report
+    drafter: Optional[DrafterConfig] = None  # drafter-verifier methods only (sd, spec_cascade, via_sd)
+    # names the W&B group and the report; `+experiment=<file>` sets it (the key is not `experiment`, which
+    # is the config group of conf/experiment/ and cannot also be a value on the command line)
+    experiment_name: str = "default"
     temperature: float = 0.0
     seed: int = 0
     max_new_tokens: Optional[int] = None  # overrides task.max_new_tokens
@@ -66,5 +70,6 @@ def register_configs() -> None:
     cs.store(group="model", name="base_model", node=ModelConfig)
     cs.store(group="task", name="base_task", node=TaskConfig)
     cs.store(group="tracker", name="base_tracker", node=TrackerConfig)
+    cs.store(group="drafter", name="base_drafter", node=DrafterConfig)
     for name, config_cls in method_configs().items():
         cs.store(group="method", name=f"{name}_schema", node=config_cls)
