@@ -45,6 +45,9 @@ class ModelConfig:
     attn_implementation: str = "sdpa"  # sdpa | eager (both take our float tree masks)
     revision: Optional[str] = None
     trust_remote_code: bool = False
+    # trained drafters of this target by kind (dflash, domino): HF hub id or folder (relative paths
+    # are also looked up from the project root); block-diffusion methods default to these
+    drafters: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check_choice("model.source", self.source, ("hub", "gguf_wheel"))

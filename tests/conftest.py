@@ -96,3 +96,25 @@ def slurm_cluster(tmp_path_factory):
     cluster = LocalSlurm(tmp_path_factory.mktemp("slurm")).start()
     yield cluster
     cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def tiny_drafter():
+    """make(vocab=60, domino=False, layers=1, seed=0) -> a random DFlash (or Domino, published
+    shift_label semantics) drafter with hidden 32, fed by target layers [0, 2], block size 5."""
+    from decoding.dflash_drafter import DFlashDrafter, DrafterSpec
+
+    def make(vocab=60, domino=False, layers=1, seed=0, hidden=32, heads=4, kv_heads=2, block_size=5):
+        spec = DrafterSpec(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                           num_key_value_heads=kv_heads, head_dim=hidden // heads, intermediate_size=48,
+                           vocab_size=vocab, target_layer_ids=[0, 2], mask_token_id=0, block_size=block_size,
+                           num_target_layers=4, rope_theta=10000.0, projector_type="domino" if domino else None,
+                           gru_hidden_dim=12 if domino else None, emb_dim=6 if domino else None,
+                           pure_draft_prefix_len=1 if domino else 0, shift_label=domino)
+        torch.manual_seed(seed)
+        model = DFlashDrafter(spec)
+        for p in model.parameters():
+            torch.nn.init.normal_(p, std=0.3) if p.dim() == 2 else torch.nn.init.uniform_(p, 0.5, 1.5)
+        return model.eval()
+
+    return make

@@ -1,0 +1,73 @@
+"""CaDDTree (Zhang et al., ZhangShuai1230/CaDDTree): DDTree's best-first heap with a per-round,
+cost-aware budget. Instead of a fixed node count, keep adding the next best node while the
+surrogate throughput (1 + sum of accepted-path probabilities) / (Cd + Cv(n, ctx)) still rises;
+with a convex verify cost the surrogate is unimodal, so the greedy stop is optimal. Cv is profiled
+on this machine (see `decoding/verify_cost.py`) and cached per model + device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from decoding.block_draft import BlockDraftMethod
+from decoding.draft_tree import build_best_first, marginal_expand
+from decoding.engine import DecodeState, Proposal
+from decoding.target import TargetModel
+from decoding.verify_cost import CostAwareStop, cached_cost_model, machine_key, profile_verify_cost
+from pipeline.errors import check_range
+
+
+@dataclass
+class CaDDTreeConfig:
+    _target_: str = "decoding.caddtree.CaDDTree"
+    name: str = "caddtree"
+    drafter: Optional[str] = None  # local folder or HF hub id; null = the model's `drafters.dflash`
+    max_budget: int = 1024  # CaDDTree `max_tree_budget`
+    # profiling grid (the paper: n = 1..1024, ctx = 0..8192 on GPUs; smaller here, extrapolated linearly)
+    profile_node_counts: list[int] = field(default_factory=lambda: [0, 1, 2, 4, 8, 16, 32, 64, 128])
+    profile_context_lengths: list[int] = field(default_factory=lambda: [64, 512, 1024])
+    profile_repeats: int = 5
+
+    def __post_init__(self) -> None:
+        check_range("method.max_budget", self.max_budget, 1)
+        if len(self.profile_node_counts) < 2 or sorted(set(self.profile_node_counts)) != list(self.profile_node_counts):
+            from pipeline.errors import ConfigError
+
+            raise ConfigError("method.profile_node_counts must be increasing, at least two values")
+
+
+def machine_cost_model(method: BlockDraftMethod, target: TargetModel, cfg) -> "VerifyCostModel":  # noqa: F821
+    """Profile (once per model + drafter + device) the verify cost and the draft cost."""
+    def draft_once():
+        spec = method.drafter.spec
+        cache = method.drafter.new_cache()
+        context = torch.zeros(256, len(spec.target_layer_ids) * spec.hidden_size, device=target.device, dtype=target.dtype)
+        block = torch.full((spec.block_size,), spec.mask_token_id, device=target.device)
+        method.lm_head(method.drafter.draft(cache, context, method.embed(block), 256))
+
+    key = machine_key(target, cfg.drafter) + f"-n{max(cfg.profile_node_counts)}-c{max(cfg.profile_context_lengths)}"
+    return cached_cost_model(key, lambda: profile_verify_cost(
+        target, list(cfg.profile_node_counts), list(cfg.profile_context_lengths), cfg.profile_repeats, draft_once))
+
+
+class CaDDTree(BlockDraftMethod):
+    name = "caddtree"
+
+    def setup(self, target: TargetModel) -> None:
+        super().setup(target)
+        self.cost = machine_cost_model(self, target, self.config)
+
+    def propose(self, state: DecodeState) -> Proposal:
+        logits = self.draft_pass(state).logits
+        cap = self.config.max_budget
+        built = build_best_first(state.root, marginal_expand(logits, cap), cap, max_depth=len(logits),
+                                 admit=CostAwareStop(self.cost, self.target.cache_len))
+        state.stats.add_extra("tree_nodes", built.tree.num_draft_nodes())
+        state.stats.add_extra("budget_cap_hits", int(not built.stopped_early and built.tree.num_draft_nodes() == cap))
+        return Proposal(built.tree, hidden_layers=self.taps)
+
+
+CONFIG = CaDDTreeConfig

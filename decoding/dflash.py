@@ -1,0 +1,46 @@
+"""DFlash (Chen et al. 2026, z-lab/dflash): a block-diffusion drafter proposes a whole block in one
+pass; the draft is the chain of per-position argmaxes (or samples at T > 0), verified by the
+target in one forward.
+
+    blk    = [root] + [MASK] * (B - 1)
+    h      = drafter(embed(blk), context = tapped target hidden states)   # non-causal block
+    logits = lm_head(h[1:])                                               # marginals of depths 1..B-1
+    draft  = argmax(logits)            (T > 0 and sample_draft: draft ~ softmax(logits / T))
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from decoding.block_draft import BlockDraftMethod, sample_tokens
+from decoding.engine import DecodeState, Proposal
+from decoding.tree import TokenTree
+
+
+@dataclass
+class DFlashConfig:
+    _target_: str = "decoding.dflash.DFlash"
+    name: str = "dflash"
+    # checkpoint: local folder or HF hub id; null = the model's `drafters.dflash` entry
+    drafter: Optional[str] = None
+    # z-lab PR #77: at T > 0 the draft is sampled at T and verified by rejection sampling; False =
+    # the original greedy draft (issue #74), lossless too, with lower acceptance
+    sample_draft: bool = True
+
+
+class DFlash(BlockDraftMethod):
+    name = "dflash"
+
+    def propose(self, state: DecodeState) -> Proposal:
+        logits = self.draft_pass(state).logits
+        if state.greedy or not self.config.sample_draft:
+            return Proposal(TokenTree.chain(state.root, logits.argmax(-1).tolist()), hidden_layers=self.taps)
+        probs = torch.softmax(logits / state.temperature, dim=-1)
+        drafts = sample_tokens(probs, state.generator)
+        return Proposal(TokenTree.chain(state.root, drafts, list(probs)), hidden_layers=self.taps)
+
+
+CONFIG = DFlashConfig

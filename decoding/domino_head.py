@@ -1,0 +1,54 @@
+"""The Domino correction head (Huang et al., jianuo-huang/Domino; Huang2020/Qwen3-*-Domino-b16).
+
+DFlash's block pass gives per-position *marginals*: position k ignores which tokens were actually
+drafted before it. Domino adds a small causal head on the same backbone:
+- `prefix_gru`: bias-free single-layer GRU (H -> G) over the target embeddings of the realised
+  path [root, t1, ..., tk];
+- `embed_proj`: Linear(H+G -> E, no bias) . SiLU . Linear(E -> V, no bias), a low-rank correction
+  added to the base logits: logits_k = lm_head(z_k) + embed_proj([z_k; h_k]).
+With `shift_label` (the published checkpoints), block row k predicts the token at offset k+1 from
+the root, so all B rows are draft positions; the first `pure_draft_prefix_len` positions use the
+base logits uncorrected.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+DOMINO_PROJECTORS = ("domino", "causal_v5")  # causal_v5: the legacy name in early checkpoints
+
+
+def is_domino_projector(projector_type: str | None) -> bool:
+    return projector_type in DOMINO_PROJECTORS
+
+
+def build_domino_modules(spec) -> tuple[nn.GRU, nn.Sequential]:
+    if not (spec.gru_hidden_dim and spec.emb_dim):
+        from pipeline.errors import ConfigError
+
+        raise ConfigError("Domino drafter config needs dflash_config.gru_hidden_dim and emb_dim")
+    gru = nn.GRU(spec.hidden_size, spec.gru_hidden_dim, num_layers=1, batch_first=True, bias=False)
+    proj = nn.Sequential(nn.Linear(spec.hidden_size + spec.gru_hidden_dim, spec.emb_dim, bias=False), nn.SiLU(),
+                         nn.Linear(spec.emb_dim, spec.vocab_size, bias=False))
+    return gru, proj
+
+
+def gru_step(gru: nn.GRU, embeds: torch.Tensor, state: torch.Tensor | None) -> torch.Tensor:
+    """Advance GRU states by one token each: embeds [n, H], state [n, G] (None = zeros) -> [n, G]."""
+    h0 = None if state is None else state[None].contiguous()
+    return gru(embeds[:, None], h0)[1][0]
+
+
+def gru_path_state(gru: nn.GRU, embeds: torch.Tensor) -> torch.Tensor:
+    """State after reading a whole path: embeds [L, H] -> [G]."""
+    return gru(embeds[None])[1][0, 0]
+
+
+def correction(embed_proj: nn.Sequential, z: torch.Tensor, state: torch.Tensor,
+               rows: torch.Tensor | None = None) -> torch.Tensor:
+    """Logit correction for backbone hidden z [n, H] and GRU states [n, G]: [n, V], or [n, M] over
+    the candidate token ids `rows` [M] only (W2 restricted to those rows: the top-M trick)."""
+    mid = embed_proj[1](embed_proj[0](torch.cat([z, state], dim=-1)))
+    w2 = embed_proj[2].weight
+    return mid @ (w2 if rows is None else w2[rows]).t()

@@ -1,0 +1,139 @@
+"""DominoTree's conditional children scorer (slin-zhq/Domino-Tree `make_conditional_children_fn`),
+as an `expand` for `decoding.draft_tree.build_best_first`.
+
+A node's GRU state has read the target embeddings of its own root path; its children at depth
+d + 1 are scored with the Domino correction given that state:
+    d < pure_draft_prefix_len : top-K of log_softmax(base[d])                (uncorrected)
+    otherwise                 : C = top-M(base[d]);  s = base[d][C] + W2[C] . SiLU(W1 [z_d; h_node])
+                                top-K of log_softmax(s) over C
+Backbone hidden states z and base logits come from the one drafting pass and are shared.
+
+Two implementations, which must build identical trees:
+- `ReferenceScorer`: the straightforward per-node module calls (GRU module, embed_proj).
+- `FastScorer`: per-round tables on the model's device (top-M ids, W2 rows, base values, the
+  z-part of W1 and the GRU input projection of every candidate token), node states in one device
+  buffer, and one device->host copy per expanded node (the heap needs the K scores). On CUDA the
+  per-node math is captured once per round in a CUDA graph and replayed.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from decoding.domino_head import correction, gru_step
+
+
+class ReferenceScorer:
+    @torch.inference_mode()
+    def __init__(self, drafter, embed, z: torch.Tensor, base: torch.Tensor, k: int, m: int):
+        self.gru, self.proj, self.embed = drafter.prefix_gru, drafter.embed_proj, embed
+        self.prefix = drafter.spec.pure_draft_prefix_len
+        self.z, self.base, self.k = z, base, k
+        self.cand = [torch.topk(base[d], min(m, base.shape[-1])).indices for d in range(len(base))]
+        self.states: dict[int, torch.Tensor] = {}
+
+    @torch.inference_mode()
+    def __call__(self, node: int, parent: int, token: int, depth: int) -> tuple[list[int], list[float]]:
+        parent_state = self.states[parent][None] if parent >= 0 else None
+        emb = self.embed(torch.tensor([token], device=self.z.device)).to(self.z.dtype)
+        state = self.states[node] = gru_step(self.gru, emb, parent_state)[0]
+        if depth < self.prefix:
+            values, ids = torch.topk(torch.log_softmax(self.base[depth].float(), -1), self.k)
+            return ids.tolist(), values.tolist()
+        cand = self.cand[depth]
+        corrected = self.base[depth][cand] + correction(self.proj, self.z[depth][None], state[None], cand)[0].float()
+        values, local = torch.topk(torch.log_softmax(corrected, -1), min(self.k, len(cand)))
+        return cand[local].tolist(), values.tolist()
+
+
+class FastScorer:
+    @torch.inference_mode()
+    def __init__(self, drafter, embed, z: torch.Tensor, base: torch.Tensor, k: int, m: int, max_nodes: int,
+                 use_cuda_graph: bool = True):
+        gru, proj = drafter.prefix_gru, drafter.embed_proj
+        self.prefix, self.k = drafter.spec.pure_draft_prefix_len, k
+        dev, dt = z.device, z.dtype
+        depths, hidden = base.shape[0], z.shape[-1]
+        m = min(m, base.shape[-1])
+        # per-round tables
+        cand = torch.topk(base, m, dim=-1).indices  # [D, M]
+        self.cand = cand
+        self.base_c = torch.gather(base, 1, cand)  # [D, M] float32
+        w1 = proj[0].weight
+        self.z_proj = z @ w1[:, :hidden].t()  # [D, E]
+        self.w1_state = w1[:, hidden:]  # [E, G]
+        self.w2_c = proj[2].weight[cand]  # [D, M, E]
+        self.w_hh = gru.weight_hh_l0  # [3G, G]
+        w_ih = gru.weight_ih_l0
+        self.gi_cand = embed(cand).to(dt) @ w_ih.t()  # [D, M, 3G]: GRU input projection of each candidate
+        p = min(self.prefix, depths)
+        prefix_lp = torch.log_softmax(base[:p].float(), -1)
+        self.prefix_vals, self.prefix_ids = torch.topk(prefix_lp, k, dim=-1)  # [p, K]
+        self.gi_prefix = embed(self.prefix_ids).to(dt) @ w_ih.t()  # [p, K, 3G]
+        self.prefix_host = (self.prefix_ids.tolist(), self.prefix_vals.tolist())  # one copy per round
+        self.embed, self.w_ih = embed, w_ih
+        self.states = torch.zeros(max_nodes + 1, gru.hidden_size, device=dev, dtype=dt)
+        # node -> (its children's tokens, [K, 3G] GRU input projections of those children)
+        self.children: dict[int, tuple[list[int], torch.Tensor]] = {}
+        self.graph = None
+        if use_cuda_graph and dev.type == "cuda":
+            self._capture()
+
+    def _step(self, gi: torch.Tensor, h: torch.Tensor, depth_index: torch.Tensor):
+        """GRU cell for the node's token, then its corrected children: (state, top-K values, local idx)."""
+        state = self._gru_only(gi, h)
+        mid = torch.nn.functional.silu(self.z_proj.index_select(0, depth_index)[0] + self.w1_state @ state)
+        scores = self.base_c.index_select(0, depth_index)[0] + (self.w2_c.index_select(0, depth_index)[0] @ mid).float()
+        values, local = torch.topk(torch.log_softmax(scores, -1), min(self.k, scores.shape[-1]))
+        return state, values, local
+
+    def _capture(self) -> None:
+        dev = self.states.device
+        self.g_gi = torch.zeros_like(self.gi_cand[0, 0])
+        self.g_h = torch.zeros_like(self.states[0])
+        self.g_depth = torch.zeros(1, dtype=torch.long, device=dev)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            self._step(self.g_gi, self.g_h, self.g_depth)  # warm-up outside the graph
+        torch.cuda.current_stream().wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.g_out = self._step(self.g_gi, self.g_h, self.g_depth)
+
+    @torch.inference_mode()
+    def __call__(self, node: int, parent: int, token: int, depth: int) -> tuple[list[int], list[float]]:
+        if parent < 0:
+            gi = self.embed(torch.tensor([token], device=self.states.device)).to(self.states.dtype)[0] @ self.w_ih.t()
+            h = torch.zeros_like(self.states[0])
+        else:
+            tokens, rows = self.children[parent]
+            gi, h = rows[tokens.index(token)], self.states[parent]
+        if depth < self.prefix:
+            # uncorrected depth: the state is still needed for the grandchildren
+            self.states[node] = self._gru_only(gi, h)
+            ids, vals = self.prefix_host
+            self.children[node] = (ids[depth], self.gi_prefix[depth])
+            return ids[depth], vals[depth]
+        depth_index = torch.tensor([depth], device=self.states.device)
+        if self.graph is not None:
+            self.g_gi.copy_(gi)
+            self.g_h.copy_(h)
+            self.g_depth.copy_(depth_index)
+            self.graph.replay()
+            state, values, local = self.g_out
+        else:
+            state, values, local = self._step(gi, h, depth_index)
+        self.states[node] = state
+        packed = torch.stack([values.double(), self.cand[depth].index_select(0, local).double()]).tolist()  # one sync
+        tokens = [int(t) for t in packed[1]]
+        self.children[node] = (tokens, self.gi_cand[depth].index_select(0, local))
+        return tokens, packed[0]
+
+    def _gru_only(self, gi, h):
+        """torch.nn.GRU's cell without biases, from the precomputed input projection gi = W_ih x."""
+        gh = h @ self.w_hh.t()
+        g = gi.shape[-1] // 3
+        r = torch.sigmoid(gi[:g] + gh[:g])
+        u = torch.sigmoid(gi[g:2 * g] + gh[g:2 * g])
+        return (1 - u) * torch.tanh(gi[2 * g:] + r * gh[2 * g:]) + u * h
