@@ -31,7 +31,7 @@ def totals(rows: list[dict]) -> dict:
 
 def summarize(cfg, method, examples, rows: list[dict], reference: list[dict] | None) -> dict:
     summary = {
-        "experiment": cfg.experiment, "method": method.name, "model": cfg.model.name, "task": cfg.task.name,
+        "experiment": cfg.experiment_name, "method": method.name, "model": cfg.model.name, "task": cfg.task.name,
         "temperature": cfg.temperature, "lossless": method.lossless, "num_prompts": len(rows),
         **totals(rows),
     }

@@ -58,7 +58,7 @@ class WandbTracker:
             project=cfg.project,
             entity=cfg.entity,
             mode=mode,
-            group=cfg.group or run_config.get("experiment"),
+            group=cfg.group or run_config.get("experiment_name"),
             job_type=job_type,
             tags=list(cfg.tags) + tags,
             config=run_config,

@@ -24,7 +24,7 @@ PENDING = {"lookahead": 3, "self_draft": 3, "ptd": 3, "dflash": 4, "ddtree": 4, 
 def grid(experiment: str) -> dict[str, list[str]]:
     with initialize_config_module(config_module="conf", version_base="1.3"):
         cfg = compose("config", overrides=[f"+experiment={experiment}"], return_hydra_config=True)
-    assert cfg.hydra.mode.name == "MULTIRUN" and cfg.experiment == experiment
+    assert cfg.hydra.mode.name == "MULTIRUN" and cfg.experiment_name == experiment
     return {key: str(value).split(",") for key, value in cfg.hydra.sweeper.params.items()}
 
 
@@ -51,7 +51,7 @@ def test_every_value_of_the_grid_composes_and_validates(experiment, method):
     with initialize_config_module(config_module="conf", version_base="1.3"):
         for combo in combos:
             run_config = OmegaConf.to_object(compose("config", overrides=combo))  # runs every schema's checks
-            assert run_config.method.name == method and run_config.experiment == experiment
+            assert run_config.method.name == method and run_config.experiment_name == experiment
             for override in combo[2:]:
                 key, value = override.split("=", 1)
                 seen.setdefault(key, set()).add(value)
@@ -78,7 +78,7 @@ def test_every_paper_table_has_a_smoke_variant():
 def test_a_bad_value_in_an_experiment_grid_is_one_line_before_anything_runs(tmp_path):
     (tmp_path / "experiment").mkdir()
     (tmp_path / "experiment" / "bad_grid.yaml").write_text(
-        "# @package _global_\nexperiment: bad_grid\nhydra:\n  sweeper:\n    params:\n      method: ar,nosuch\n")
+        "# @package _global_\nexperiment_name: bad_grid\nhydra:\n  sweeper:\n    params:\n      method: ar,nosuch\n")
     extra = [f"hydra.searchpath=[file://{tmp_path}]", "+experiment=bad_grid"]
     problem = first_config_problem(extra)
     assert problem is not None and problem.startswith("method=nosuch is not an option; choose one of: ")

@@ -27,7 +27,7 @@ def sweep_dir(tiny_model_dirs, tmp_path_factory) -> Path:
             cfg = compose("config", overrides=[
                 "model=smollm2-135m", "model.source=hub", f"model.path={tiny_model_dirs['llama']}",
                 "model.name=tiny-llama", "task=humaneval", "task.limit=2", "max_new_tokens=10", "tracker=none",
-                f"outputs_root={root / 'outputs'}", "experiment=unit_sweep", *overrides])
+                f"outputs_root={root / 'outputs'}", "experiment_name=unit_sweep", *overrides])
         run(cfg, sweep / f"{num}_{overrides[0][7:]}_humaneval", show_progress=False)
     unfinished = sweep / "3_pld_gsm8k"
     unfinished.mkdir()

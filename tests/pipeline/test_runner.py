@@ -74,7 +74,7 @@ def test_resume_into_a_dir_of_another_config_is_refused(tiny_model_dirs, tmp_pat
 def test_wandb_offline_run_dir(tiny_model_dirs, tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     run_dir = tmp_path / "run"
-    run(job_config(tiny_model_dirs["llama"], tmp_path, "tracker=wandb", "experiment=unit"), run_dir, show_progress=False)
+    run(job_config(tiny_model_dirs["llama"], tmp_path, "tracker=wandb", "experiment_name=unit"), run_dir, show_progress=False)
     offline = list((run_dir / "wandb").glob("offline-run-*"))
     assert len(offline) == 1
     assert list(offline[0].glob("run-*.wandb"))
