@@ -2,7 +2,7 @@
 module per method. A method module defines a config dataclass (every hyperparameter its paper
 names, with the paper's default) and a `Method` subclass; list it here to register it."""
 
-METHOD_MODULES = ("ar", "pld", "sd", "dflash", "ddtree", "caddtree", "domino", "dominotree")
+METHOD_MODULES = ("ar", "pld", "sd", "dflash", "ddtree", "caddtree", "domino", "dominotree", "spec_cascade")
 
 
 def method_configs() -> dict:

@@ -73,4 +73,5 @@ def assert_matches_target(target, prompt, counts, n):
     top = probs.argsort(descending=True)[:5].tolist()
     expected = [float(probs[t]) * n for t in top] + [n * (1 - float(probs[top].sum()))]
     observed = [counts[t] for t in top] + [n - sum(counts[t] for t in top)]
+    expected = [e * n / sum(expected) for e in expected]  # float sums must match the counts exactly
     assert chisquare(observed, expected).pvalue > 1e-3
