@@ -26,6 +26,9 @@ def totals(rows: list[dict]) -> dict:
     out["decoding_efficiency"] = out["new_tokens"] / out["target_forwards"] if out["target_forwards"] else 0.0
     # acceptance rate per draft position: accepted at depth d / steps that drafted (vLLM's view)
     out["acceptance_per_pos"] = [v / out["num_drafts"] for v in per_pos] if out["num_drafts"] else []
+    # share of drafted tokens that did not end up in the output (VIA-SD's headline comparison)
+    drafted = out["num_draft_tokens"]
+    out["rejection_rate"] = 1 - out["num_accepted_tokens"] / drafted if drafted else None
     return out
 
 
