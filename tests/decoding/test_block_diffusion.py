@@ -135,9 +135,19 @@ def test_wrong_checkpoint_kind_fails_loudly(tiny_llama, drafter_dirs):
         ddtree.DDTree(ddtree.DDTreeConfig()).setup(tiny_llama)
 
 
-def test_cond_adaptive_reports_tree_sizes(tiny_llama, drafter_dirs, monkeypatch, tmp_path):
+def test_cond_adaptive_stops_by_cost_and_counts_cap_hits(tiny_llama, drafter_dirs, monkeypatch, tmp_path):
+    """With a fixed cost model (not this machine's timings): a nearly free verify fills the cap every
+    step; a verify whose cost grows steeply stops the tree early."""
+    from decoding.verify_cost import VerifyCostModel
+
     method = build("cond_adaptive", drafter_dirs, tiny_llama, monkeypatch, tmp_path)
-    state = generate(method, tiny_llama, [7, 30, 31, 30], max_new_tokens=12)
-    extra = state.stats.extra
-    assert 0 < extra["tree_nodes"] <= 24 * state.stats.num_steps
-    assert 0 <= extra["budget_cap_hits"] <= state.stats.num_steps
+    ar = generate(AR(), tiny_llama, [7, 30, 31, 30], max_new_tokens=12).new_tokens
+    for slope, saturates in ((1e-6, True), (0.2, False)):
+        method.cost = VerifyCostModel([0, 10, 100], [0, 1000], [[1.0, 1.0 + 10 * slope, 1.0 + 100 * slope]] * 2, 0.1)
+        state = generate(method, tiny_llama, [7, 30, 31, 30], max_new_tokens=12)
+        assert state.new_tokens == ar
+        steps, extra = state.stats.num_steps, state.stats.extra
+        if saturates:
+            assert extra["tree_nodes"] == 24 * steps and extra["budget_cap_hits"] == steps
+        else:
+            assert extra["tree_nodes"] < 24 * steps and extra["budget_cap_hits"] == 0

@@ -1,0 +1,131 @@
+"""Block-diffusion decoders on one model, one run: tau, decoding efficiency (DE), speedup vs AR and
+match rate for DFlash, DDTree, CaDDTree, Domino, DominoTree, DominoTree scoring=marginal and
+CondAdaptive on MT-Bench, GSM8K and HumanEval at T = 0, 0.5, 1.0.
+
+AR and every method run back to back on each prompt (interleaved), so a slow patch of a shared
+machine hits all of them alike; speedup = method tokens/s / AR tokens/s over the same prompts.
+MT-Bench turn 2 follows each method's own turn-1 answer (identical to AR's at T = 0).
+
+    python benchmarks/bench_block_diffusion.py [--prompts 2] [--max-new-tokens 64] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+from hydra import compose, initialize_config_module
+from hydra.utils import get_class
+from omegaconf import OmegaConf
+
+from decoding.ar import AR
+from decoding.engine import generate
+from decoding.metrics import GenerationStats
+from decoding.target import TargetModel
+from pipeline.models import load_model, stop_token_ids
+from pipeline.schema import register_configs
+from pipeline.tasks import build_chat, load_examples
+
+METHODS = {  # label -> overrides of `python -m pipeline`
+    "dflash": ["method=dflash"],
+    "ddtree": ["method=ddtree"],
+    "caddtree": ["method=caddtree"],
+    "domino": ["method=domino"],
+    "dominotree": ["method=dominotree"],
+    "dominotree_marginal": ["method=dominotree", "method.scoring=marginal"],
+    "cond_adaptive": ["method=dominotree", "method.budget=cond_adaptive"],
+}
+
+
+def compose_run(overrides: list[str]):
+    with initialize_config_module(config_module="conf", version_base="1.3"):
+        return OmegaConf.to_object(compose("config", overrides=overrides))
+
+
+def run_example(method, target, task_cfg, example, max_new_tokens, temperature, stops, seed):
+    history, outputs, stats = [], [], GenerationStats()
+    for turn, text in enumerate(example.turns):
+        history.append((text, None))
+        prompt = build_chat(target.tokenizer, task_cfg, history)
+        state = generate(method, target, prompt, max_new_tokens=max_new_tokens, temperature=temperature,
+                         stop_ids=stops, seed=seed + turn)
+        history[-1] = (text, target.tokenizer.decode(state.new_tokens, skip_special_tokens=True))
+        outputs.append(state.new_tokens)
+        stats.merge(state.stats)
+    return outputs, stats
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--tasks", default="mt_bench,gsm8k,humaneval")
+    parser.add_argument("--temperatures", default="0,0.5,1.0")
+    parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--prompts", type=int, default=2)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--drafters", default=None, help="folder with dflash/ and domino/ (default: model.drafters)")
+    parser.add_argument("--out", default="outputs/bench_block_diffusion.json")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    register_configs()
+    base = compose_run([f"model={args.model}"])
+    model, tokenizer = load_model(base.model)
+    target = TargetModel(model, tokenizer)
+    stops = stop_token_ids(model, tokenizer)
+    labels = args.methods.split(",")
+    methods = {}
+    for label in labels:
+        overrides = [f"model={args.model}", *METHODS[label]]
+        if args.drafters:
+            kind = "domino" if "domino" in overrides[1] else "dflash"
+            overrides.append(f"method.drafter={Path(args.drafters, kind).resolve()}")
+        cfg = compose_run(overrides).method
+        methods[label] = get_class(cfg._target_)(cfg)
+        methods[label].setup(target)
+    warm = build_chat(tokenizer, base.task, [("Say hello.", None)])
+    for method in [AR(), *methods.values()]:  # untimed: first-call overheads
+        generate(method, target, warm, max_new_tokens=8, stop_ids=stops)
+    print(f"model={args.model} threads={torch.get_num_threads()} prompts/task={args.prompts} "
+          f"max_new_tokens={args.max_new_tokens}", flush=True)
+    rows = []
+    tasks = {}
+    for task in args.tasks.split(","):
+        task_cfg = compose_run([f"model={args.model}", f"task={task}", f"task.limit={args.prompts}"]).task
+        tasks[task] = (task_cfg, load_examples(task_cfg))
+    for temperature in [float(t) for t in args.temperatures.split(",")]:  # T = 0 of every task first
+        for task, (task_cfg, examples) in tasks.items():
+            totals = {name: {"stats": GenerationStats(), "matches": 0} for name in ["ar", *labels]}
+            for i, example in enumerate(examples):
+                ar_out, ar_stats = run_example(AR(), target, task_cfg, example, args.max_new_tokens, temperature, stops, i)
+                totals["ar"]["stats"].merge(ar_stats)
+                for label in labels:
+                    out, stats = run_example(methods[label], target, task_cfg, example, args.max_new_tokens,
+                                             temperature, stops, i)
+                    totals[label]["stats"].merge(stats)
+                    totals[label]["matches"] += int(out == ar_out)
+            ar_tps = totals["ar"]["stats"].tokens_per_s
+            for name, t in totals.items():
+                s = t["stats"]
+                row = {"task": task, "T": temperature, "method": name, "tau": s.tau, "DE": s.decoding_efficiency,
+                       "tokens_per_s": s.tokens_per_s, "speedup": s.tokens_per_s / ar_tps if ar_tps else 0.0,
+                       "match_rate": t["matches"] / len(examples) if temperature == 0 and name != "ar" else None,
+                       "new_tokens": s.new_tokens, "extra": s.extra, "steps": s.num_steps}
+                rows.append(row)
+                extra = ""
+                if "tree_nodes" in s.extra:
+                    extra = (f"  nodes/step {s.extra['tree_nodes'] / s.num_steps:.1f}"
+                             f"  cap hits {s.extra['budget_cap_hits'] / s.num_steps:.0%}")
+                match = "" if row["match_rate"] is None else f"  match {row['match_rate']:.2f}"
+                print(f"{task:9s} T={temperature:<3} {name:20s} tau {s.tau:5.2f}  DE {s.decoding_efficiency:5.2f}  "
+                      f"{s.tokens_per_s:6.2f} tok/s  speedup {row['speedup']:5.2f}{match}{extra}", flush=True)
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()
