@@ -2,7 +2,7 @@
 module per method. A method module defines a config dataclass (every hyperparameter its paper
 names, with the paper's default) and a `Method` subclass; list it here to register it."""
 
-METHOD_MODULES = ("ar", "pld", "sd", "dflash", "ddtree", "caddtree", "domino", "dominotree", "spec_cascade", "via_sd")
+METHOD_MODULES = ("ar", "pld", "sd", "dflash", "ddtree", "caddtree", "domino", "dominotree", "lookahead", "self_draft", "ptd", "spec_cascade", "via_sd")
 
 
 def method_configs() -> dict:

@@ -1,0 +1,127 @@
+"""Progressive Tree Drafting (PTD; OpenReview iW4lyuOQ0J, no public code): drafting as a tree
+search inside the target, in the same forward as verification. Reconstructed from the paper's
+abstract and the issue (see /work/shared/research/endogenous.md §3); the data structures live in
+`decoding/ptd_tree.py`.
+
+One step, one forward:
+1. seed: while the draft forest has fewer than `num_seeds` subtrees, add a seed under the root
+   (`stochastic`: a random prompt token, a controlled perturbation; `context`: a token that
+   followed the root earlier in the text, most recent first, random when there is none);
+2. verify: the pool's trie for the root (at most `verification_budget` nodes, freshest branches
+   first) is the verification tree; the forest rides along as aux rows, each node seeing the root
+   and its ancestors at position root + depth (the two trees do not see each other);
+3. expand: every leaf gets its most probable next tokens as children (at most `width` per parent,
+   the forest capped at `drafting_budget` nodes, first children first);
+4. extract and merge: the subtree below every forest node is merged into the pool under that
+   node's token (recursive trie union, at most `pool_size` branches per root, LRU);
+5. prune: the depth window slides every subtree deeper than `depth` (keep the earliest-added
+   child, drop the older branches); a full forest that could not grow retires its oldest subtree.
+Verification is the engine's tree acceptance (greedy: follow the argmax child; sampling:
+deterministic children tried in order, lossless), so output is exactly the target's.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import torch
+
+from decoding.aux_rows import AuxRows
+from decoding.engine import DecodeState, Method, Proposal, StepResult
+from decoding.ngram_pool import bigram_redundancy, candidate_tree, record_redundancy
+from decoding.ptd_tree import DraftForest, TriePool
+from decoding.tree import TokenTree
+from pipeline.errors import check_choice, check_range
+
+SEED_MODES = ("stochastic", "context")
+
+
+@dataclass
+class PTDConfig:
+    _target_: str = "decoding.ptd.PTD"
+    name: str = "ptd"
+    # No public code or reported defaults: these are the reconstruction's defaults (chosen to cost
+    # about as many rows per forward as Lookahead N=5/W=7/G=7 at most); tuned values: ptd_tuned.
+    width: int = 2  # issue #3 "width": max children per parent, highest probability first
+    depth: int = 4  # issue #3 "depth threshold" of the sliding window (candidate length = depth - 1 at most)
+    num_seeds: int = 4  # issue #3 "number of seeds": subtrees in the draft forest
+    seed_mode: str = "stochastic"  # issue #3 seeds: stochastic (random prompt tokens) | context
+    pool_size: int = 8  # issue #3 "pool size per root": branches kept per root token (LRU)
+    verification_budget: int = 16  # issue #3 "verification budget": candidate nodes per forward
+    drafting_budget: int = 24  # issue #3 "drafting budget": draft-forest nodes per forward
+    seed: int = 0  # seeds the stochastic seeds
+
+    def __post_init__(self) -> None:
+        check_range("method.width", self.width, 1)
+        check_range("method.depth", self.depth, 2)
+        check_range("method.num_seeds", self.num_seeds, 1)
+        check_choice("method.seed_mode", self.seed_mode, SEED_MODES)
+        check_range("method.pool_size", self.pool_size, 1)
+        check_range("method.verification_budget", self.verification_budget, 0)
+        check_range("method.drafting_budget", self.drafting_budget, self.num_seeds)
+
+
+class PTD(Method):
+    name = "ptd"
+
+    def begin(self, state: DecodeState) -> None:
+        self.rng = random.Random(self.config.seed)
+        self.forest = DraftForest()
+        self.pool = TriePool(self.config.pool_size)
+        self.steps = 0
+
+    def propose(self, state: DecodeState) -> Proposal:
+        cfg = self.config
+        self.plant_seeds(state)
+        aux = AuxRows()
+        for node, depth, anc in zip(self.forest.nodes, self.forest.depths(), self.forest.ancestors()):
+            aux.add(node.token, depth, anc)  # forest index == aux row index
+        branches = [tokens for _, tokens in self.pool.branches(state.root)]
+        tree = candidate_tree(state.root, branches, cfg.verification_budget)
+        state.stats.add_extra("forward_rows", len(tree) + len(aux))
+        return aux.proposal(tree)
+
+    def plant_seeds(self, state: DecodeState) -> None:
+        cfg = self.config
+        missing = cfg.num_seeds - len(self.forest.tops())
+        if missing <= 0:
+            return
+        present = {self.forest.nodes[t].token for t in self.forest.tops()}
+        seeds: list[int] = []
+        if cfg.seed_mode == "context":
+            seq = state.sequence
+            for i in range(len(seq) - 2, -1, -1):  # tokens that followed the root, most recent first
+                if len(seeds) == missing:
+                    break
+                if seq[i] == seq[-1] and seq[i + 1] not in present and seq[i + 1] not in seeds:
+                    seeds.append(seq[i + 1])
+        while len(seeds) < missing:
+            seeds.append(self.rng.choice(state.prompt_ids))
+        for tok in seeds:
+            self.forest.add(tok, -1, self.steps)
+
+    def observe(self, state: DecodeState, result: StepResult) -> None:
+        cfg = self.config
+        self.steps += 1
+        forest = self.forest
+        if len(forest):
+            logp = torch.log_softmax(result.aux_logits()[: len(forest)], dim=-1)
+            for i, n in enumerate(forest.nodes):  # refresh each edge's probability under the new root
+                if n.parent >= 0:
+                    n.logp = float(logp[n.parent, n.token])
+            leaves = forest.leaves()
+            top = torch.topk(logp[leaves], cfg.width, dim=-1)
+            values, indices = top.values.tolist(), top.indices.tolist()
+            proposals = {leaf: list(zip(indices[k], values[k])) for k, leaf in enumerate(leaves)}
+            added = forest.expand(proposals, cfg.width, cfg.drafting_budget, self.steps)
+            for i, n in enumerate(forest.nodes):  # extract: continuations of every node's token
+                if n.children:
+                    self.pool.merge(n.token, forest.subtree(i), self.steps)
+            record_redundancy(state.stats, *bigram_redundancy([], forest.edges()))
+            forest.slide(cfg.depth)
+            if added == 0 and len(forest) >= cfg.drafting_budget:
+                forest.retire({min(forest.tops(), key=lambda t: forest.nodes[t].birth)})  # oldest subtree goes
+
+
+CONFIG = PTDConfig

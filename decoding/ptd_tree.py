@@ -1,0 +1,196 @@
+"""Data structures of Progressive Tree Drafting (PTD, `decoding/ptd.py`): the draft forest that
+grows inside the target's forwards, and the per-root candidate pool its subtrees are merged into.
+
+`DraftForest`: nodes in topological order (a parent precedes its children); a node with parent -1
+hangs directly under the current root (depth 1). A node's draft is conditioned on the root and its
+ancestors only (tree mask, position = depth). Per forward:
+- `expand`: every leaf gets children from its own row, at most `width` per parent, highest
+  probability first; a node budget caps the forest, served first-children-first, best path first;
+- `slide`: the depth window. When a subtree is deeper than the threshold, its top node goes, its
+  earliest-added child becomes the new top and the older sibling branches are pruned.
+
+`TriePool`: root token -> trie of continuations with a recency stamp per node; `merge` is a
+recursive union of subtrees that share a root token (idempotent), `evict` keeps at most `cap`
+branches (leaves) per root, dropping the least recently refreshed first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class DraftNode:
+    token: int
+    parent: int  # index in the forest, -1 = directly under the root
+    birth: int  # step the node was added (earliest-added child = smallest birth, then order)
+    logp: float = 0.0  # log-probability of the token under its parent's row (0 for seeds)
+    children: list[int] = field(default_factory=list)
+
+
+class DraftForest:
+    def __init__(self) -> None:
+        self.nodes: list[DraftNode] = []
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def tops(self) -> list[int]:
+        return [i for i, n in enumerate(self.nodes) if n.parent == -1]
+
+    def leaves(self) -> list[int]:
+        return [i for i, n in enumerate(self.nodes) if not n.children]
+
+    def add(self, token: int, parent: int, birth: int, logp: float = 0.0) -> int:
+        self.nodes.append(DraftNode(int(token), parent, birth, logp))
+        if parent >= 0:
+            self.nodes[parent].children.append(len(self.nodes) - 1)
+        return len(self.nodes) - 1
+
+    def depths(self) -> list[int]:
+        d = [0] * len(self.nodes)
+        for i, n in enumerate(self.nodes):
+            d[i] = 1 if n.parent < 0 else d[n.parent] + 1
+        return d
+
+    def path_scores(self) -> list[float]:
+        """Sum of log-probabilities from the subtree's top to each node."""
+        s = [0.0] * len(self.nodes)
+        for i, n in enumerate(self.nodes):
+            s[i] = n.logp if n.parent < 0 else s[n.parent] + n.logp
+        return s
+
+    def ancestors(self) -> list[list[int]]:
+        anc: list[list[int]] = []
+        for n in self.nodes:
+            anc.append([] if n.parent < 0 else [*anc[n.parent], n.parent])
+        return anc
+
+    def edges(self) -> list[tuple[int, int]]:
+        return [(self.nodes[n.parent].token, n.token) for n in self.nodes if n.parent >= 0]
+
+    def expand(self, proposals: dict[int, list[tuple[int, float]]], width: int, budget: int, birth: int) -> int:
+        """proposals: leaf -> [(token, logp)] best first. Adds at most `width` children per leaf while
+        the forest has fewer than `budget` nodes: every leaf's first child before any second one,
+        leaves with the most probable path first. Returns the number of nodes added."""
+        scores = self.path_scores()
+        ranked = sorted(((rank, -(scores[leaf] + logp), leaf, tok, logp)
+                         for leaf, options in proposals.items()
+                         for rank, (tok, logp) in enumerate(options[:width])))
+        added = 0
+        for _, _, leaf, tok, logp in ranked:
+            if len(self.nodes) >= budget:
+                break
+            self.add(tok, leaf, birth, logp)
+            added += 1
+        return added
+
+    def slide(self, max_depth: int) -> None:
+        """Depth window: while a subtree is deeper than `max_depth`, replace its top by the top's
+        earliest-added child (and that child's descendants); the top's other branches are pruned."""
+        while True:
+            depths = self.depths()
+            top_of = self._top_of()
+            deep = {top_of[i] for i, d in enumerate(depths) if d > max_depth}
+            if not deep:
+                return
+            self.retire(deep)
+
+    def retire(self, tops: set[int]) -> None:
+        """Drop the given top nodes, keeping only each one's earliest-added child subtree."""
+        keep = [True] * len(self.nodes)
+        promoted = set()
+        for t in tops:
+            keep[t] = False
+            kids = sorted(self.nodes[t].children, key=lambda c: (self.nodes[c].birth, c))
+            if kids:
+                promoted.add(kids[0])
+            for c in kids[1:]:
+                keep[c] = False
+        for i, n in enumerate(self.nodes):  # parents precede children: one pass drops whole branches
+            if n.parent >= 0 and not keep[n.parent]:
+                keep[i] = keep[i] and n.parent in tops and i in promoted
+        self._compact(keep, promoted)
+
+    def _top_of(self) -> list[int]:
+        top = [0] * len(self.nodes)
+        for i, n in enumerate(self.nodes):
+            top[i] = i if n.parent < 0 else top[n.parent]
+        return top
+
+    def _compact(self, keep: list[bool], promoted: set[int]) -> None:
+        remap: dict[int, int] = {}
+        nodes: list[DraftNode] = []
+        for i, n in enumerate(self.nodes):
+            if not keep[i]:
+                continue
+            remap[i] = len(nodes)
+            parent = -1 if i in promoted else remap[n.parent] if n.parent >= 0 else -1
+            nodes.append(DraftNode(n.token, parent, n.birth, 0.0 if parent < 0 else n.logp))
+        for i, n in enumerate(nodes):
+            if n.parent >= 0:
+                nodes[n.parent].children.append(i)
+        self.nodes = nodes
+
+    def subtree(self, i: int) -> dict:
+        """The continuations below node i as a nested {token: {...}} trie."""
+        return {self.nodes[c].token: self.subtree(c) for c in self.nodes[i].children}
+
+
+class TriePool:
+    def __init__(self, cap: int):
+        self.cap = cap  # branches (leaves) kept per root token
+        self.roots: dict[int, dict] = {}  # token -> trie node {"kids": {tok: node}, "stamp": int}
+
+    @staticmethod
+    def _node(stamp: int) -> dict:
+        return {"kids": {}, "stamp": stamp}
+
+    def merge(self, root: int, subtree: dict, stamp: int) -> None:
+        """Union of `subtree` ({token: {...}}) into root's trie; every merged node is refreshed."""
+        if not subtree:
+            return
+        dst = self.roots.setdefault(root, self._node(stamp))
+        dst["stamp"] = max(dst["stamp"], stamp)
+        self._merge(dst, subtree, stamp)
+        self.evict(root)
+
+    def _merge(self, dst: dict, src: dict, stamp: int) -> None:
+        for tok, below in src.items():
+            child = dst["kids"].setdefault(tok, self._node(stamp))
+            child["stamp"] = max(child["stamp"], stamp)
+            self._merge(child, below, stamp)
+
+    def branches(self, root: int) -> list[tuple[int, list[int]]]:
+        """(stamp, tokens) of every root-to-leaf branch, most recently refreshed first."""
+        out: list[tuple[int, list[int]]] = []
+
+        def walk(node: dict, prefix: list[int]) -> None:
+            for tok, child in node["kids"].items():
+                if child["kids"]:
+                    walk(child, [*prefix, tok])
+                else:
+                    out.append((child["stamp"], [*prefix, tok]))
+
+        if root in self.roots:
+            walk(self.roots[root], [])
+        out.sort(key=lambda b: -b[0])  # stable: ties keep trie (insertion) order
+        return out
+
+    def evict(self, root: int) -> None:
+        branches = self.branches(root)
+        for _, tokens in branches[self.cap:]:
+            self._remove(self.roots[root], tokens)
+
+    def _remove(self, node: dict, tokens: list[int]) -> None:
+        child = node["kids"][tokens[0]]
+        if len(tokens) > 1:
+            self._remove(child, tokens[1:])
+        if not child["kids"]:
+            del node["kids"][tokens[0]]
+
+    def as_nested(self, root: int) -> dict:
+        def strip(node: dict) -> dict:
+            return {tok: strip(child) for tok, child in node["kids"].items()}
+
+        return strip(self.roots[root]) if root in self.roots else {}

@@ -1,0 +1,117 @@
+"""PTD's drafting machinery: width cap, the depth window (keeps the earliest-added child), pool
+merge (idempotent recursive union of same-root subtrees) and eviction, seeds, and the one-forward
+step layout. Losslessness against AR: test_endogenous.py."""
+
+import pytest
+
+from decoding.engine import DecodeState, generate
+from decoding.ptd import PTD, PTDConfig
+from decoding.ptd_tree import DraftForest, TriePool
+from pipeline.errors import ConfigError
+
+
+def chain_forest(tokens):
+    f = DraftForest()
+    parent = -1
+    for step, tok in enumerate(tokens):
+        parent = f.add(tok, parent, birth=step)
+    return f
+
+
+def test_expand_caps_children_per_parent_at_width_and_serves_first_children_first():
+    f = DraftForest()
+    a, b = f.add(1, -1, 0), f.add(2, -1, 0)
+    proposals = {a: [(10, -0.1), (11, -0.5), (12, -0.9)], b: [(20, -0.2), (21, -0.3), (22, -0.4)]}
+    assert f.expand(proposals, width=2, budget=100, birth=1) == 4
+    assert [f.nodes[c].token for c in f.nodes[a].children] == [10, 11]
+    assert [f.nodes[c].token for c in f.nodes[b].children] == [20, 21]
+    g = DraftForest()
+    a, b = g.add(1, -1, 0), g.add(2, -1, 0)
+    g.expand(proposals, width=3, budget=5, birth=1)  # room for 3: both first children, then the best second
+    assert sorted(g.nodes[i].token for i in range(2, 5)) == [10, 20, 21]
+
+
+def test_depth_window_keeps_the_earliest_added_child_and_prunes_older_branches():
+    f = DraftForest()
+    top = f.add(1, -1, birth=0)
+    early = f.add(2, top, birth=1)
+    late = f.add(3, top, birth=2)
+    f.add(4, early, birth=2)
+    deep = f.add(5, late, birth=3)
+    f.add(6, deep, birth=4)  # depth 4 under the late branch
+    f.slide(max_depth=3)
+    # top retired; the earliest child (2) is the new top with its descendant (4); branch 3-5-6 pruned
+    assert [n.token for n in f.nodes] == [2, 4]
+    assert f.nodes[0].parent == -1 and f.nodes[1].parent == 0 and f.depths() == [1, 2]
+
+
+def test_depth_window_slides_a_chain_by_one():
+    f = chain_forest([1, 2, 3, 4])
+    f.slide(max_depth=3)
+    assert [n.token for n in f.nodes] == [2, 3, 4] and f.depths() == [1, 2, 3]
+    f.slide(max_depth=3)  # within the window: unchanged
+    assert [n.token for n in f.nodes] == [2, 3, 4]
+
+
+def test_merge_of_same_root_subtrees_is_a_recursive_union_and_idempotent():
+    pool = TriePool(cap=10)
+    pool.merge(7, {1: {2: {}, 3: {}}}, stamp=1)
+    pool.merge(7, {1: {2: {4: {}}}, 5: {}}, stamp=2)
+    merged = pool.as_nested(7)
+    assert merged == {1: {2: {4: {}}, 3: {}}, 5: {}}
+    pool.merge(7, {1: {2: {4: {}}}, 5: {}}, stamp=2)
+    assert pool.as_nested(7) == merged
+    assert [b for _, b in pool.branches(7)] == [[1, 2, 4], [5], [1, 3]]  # freshest first
+
+
+def test_pool_keeps_at_most_cap_branches_per_root_dropping_the_stalest():
+    pool = TriePool(cap=2)
+    pool.merge(7, {1: {}}, stamp=1)
+    pool.merge(7, {2: {3: {}}}, stamp=2)
+    pool.merge(7, {4: {}}, stamp=3)
+    assert pool.as_nested(7) == {2: {3: {}}, 4: {}}
+
+
+def test_subtree_extraction_gives_the_continuations_below_a_node():
+    f = chain_forest([1, 2, 3])
+    f.add(9, 0, birth=5)
+    assert f.subtree(0) == {2: {3: {}}, 9: {}} and f.edges() == [(1, 2), (2, 3), (1, 9)]
+
+
+def test_one_step_sends_the_forest_as_aux_rows_with_tree_visibility(tiny_llama):
+    m = PTD(PTDConfig(num_seeds=2, depth=3, drafting_budget=8))
+    state = DecodeState(tiny_llama, [7, 30, 31, 32], 0.0, 20, set(), 0)
+    tiny_llama.prefill(state.prompt_ids[:-1])
+    m.begin(state)
+    for _ in range(4):
+        m.step(state)
+    proposal = m.propose(state)
+    depths = m.forest.depths()
+    assert proposal.aux_depths == depths and len(proposal.aux_tokens) <= 8
+    anc = m.forest.ancestors()
+    n_tree = len(proposal.tree)
+    for i in range(len(depths)):
+        seen = [j for j in range(len(depths)) if proposal.aux_visible[i, n_tree + j]]
+        assert seen == sorted([*anc[i], i]) and proposal.aux_visible[i, 0]
+    assert max(depths) <= 3 and len(m.forest.tops()) == 2
+
+
+def test_context_seeds_are_tokens_that_followed_the_root_before(tiny_llama):
+    m = PTD(PTDConfig(num_seeds=2, seed_mode="context"))
+    state = DecodeState(tiny_llama, [5, 40, 9, 5, 41, 9, 5], 0.0, 4, set(), 0)
+    m.begin(state)
+    m.plant_seeds(state)
+    assert [m.forest.nodes[t].token for t in m.forest.tops()] == [41, 40]
+
+
+def test_ptd_drafts_and_accepts_on_a_repetitive_prompt(tiny_llama):
+    state = generate(PTD(PTDConfig()), tiny_llama, [7, 30, 31, 32, 30, 31, 32, 30, 31], max_new_tokens=60)
+    assert state.stats.num_draft_tokens > 0 and state.stats.num_accepted_tokens > 0
+    assert state.stats.extra["draft_bigrams"] > 0
+
+
+@pytest.mark.parametrize("field, value", [("width", 0), ("depth", 1), ("seed_mode", "beam"),
+                                          ("drafting_budget", 1), ("pool_size", 0)])
+def test_bad_values_are_config_errors(field, value):
+    with pytest.raises(ConfigError, match=f"method.{field}"):
+        PTDConfig(**{field: value})
