@@ -9,6 +9,7 @@ from typing import Protocol
 
 class Tracker(Protocol):
     def log_prompt(self, row: dict) -> None: ...
+    def log_row(self, prefix: str, row: dict) -> None: ...  # one step of a series (a search trial...)
     def log_summary(self, summary: dict) -> None: ...
     def log_table(self, name: str, rows: list[dict]) -> None: ...
     def log_image(self, name: str, path: str) -> None: ...
@@ -17,6 +18,9 @@ class Tracker(Protocol):
 
 class NoTracker:
     def log_prompt(self, row: dict) -> None:
+        pass
+
+    def log_row(self, prefix: str, row: dict) -> None:
         pass
 
     def log_summary(self, summary: dict) -> None:
@@ -69,7 +73,11 @@ class WandbTracker:
         self._step = 0
 
     def log_prompt(self, row: dict) -> None:
-        self.run.log({f"prompt/{k}": v for k, v in _scalars(row).items()}, step=self._step)
+        self.log_row("prompt", row)
+
+    def log_row(self, prefix: str, row: dict) -> None:
+        """The row's numbers as `<prefix>/<key>` at the next step."""
+        self.run.log({f"{prefix}/{k}": v for k, v in _scalars(row).items()}, step=self._step)
         self._step += 1
 
     def log_summary(self, summary: dict) -> None:

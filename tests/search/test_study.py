@@ -1,0 +1,90 @@
+"""The search framework (search/study.py) with the PTD objective on a tiny model: trials run and
+are recorded in a journal file, a killed worker resumes (its stale trial is failed and the study
+continues, nothing finished is re-run), and the best parameters become a method option that the
+pipeline composes by name."""
+
+import optuna
+import pytest
+import yaml
+from hydra import compose, initialize_config_module
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import OmegaConf
+
+from pipeline.cli import first_config_problem
+from search.study import register_configs, run_study, suggest
+
+register_configs()
+
+
+def compose_search(overrides):
+    GlobalHydra.instance().clear()
+    with initialize_config_module(config_module="conf", version_base="1.3"):
+        cfg = compose("search", overrides=overrides)
+    return OmegaConf.to_object(cfg)
+
+
+@pytest.fixture
+def study_cfg(tiny_model_dirs, tmp_path):
+    def make(n_trials, metric="tau_per_cost"):
+        return compose_search([
+            "model.name=tiny", f"model.path={tiny_model_dirs['llama']}", "model.source=hub", "tracker=none",
+            f"n_trials={n_trials}", "sampler=random", f"storage={tmp_path / 'ptd.journal'}", "study_name=t",
+            "show_progress=false", "objective.calibration_prompts=2", "objective.max_new_tokens=10",
+            f"objective.metric={metric}", f"objective.export_dir={tmp_path / 'conf'}", "objective.export_name=ptd_t",
+            "objective.params.depth.high=4", "objective.params.drafting_budget.high=12",
+            "objective.params.verification_budget.high=8",
+            "objective.enqueue=[{width:2,depth:3,num_seeds:2,seed_mode:context,pool_size:4,verification_budget:6,"
+            "drafting_budget:8}]",
+        ])
+    return make
+
+
+def test_study_runs_resumes_after_a_kill_and_exports_a_loadable_method(study_cfg, tmp_path):
+    first = run_study(study_cfg(2))
+    assert first["finished_trials"] == 2 and first["best"]
+    study = optuna.load_study(study_name="t", storage=optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(tmp_path / "ptd.journal"))))
+    done = {t.number: t.params for t in study.trials}
+    assert study.trials[0].params == {"width": 2, "depth": 3, "num_seeds": 2, "seed_mode": "context",
+                                      "pool_size": 4, "verification_budget": 6, "drafting_budget": 8}  # enqueued
+    assert {"tau", "rows_per_step", "tau_per_cost", "match_rate"} <= set(study.trials[0].user_attrs)
+    assert all(t.user_attrs.get("match_rate", 1.0) == 1.0 for t in study.trials)  # greedy PTD == AR
+    killed = study.ask()  # a worker dies mid-trial: the trial stays RUNNING in the journal
+    killed.set_user_attr("worker", 0)
+
+    resumed = run_study(study_cfg(3))
+    assert resumed["recovered_stale_trials"] == 1 and resumed["finished_trials"] == 3
+    study = optuna.load_study(study_name="t", storage=optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(tmp_path / "ptd.journal"))))
+    assert {n: study.trials[n].params for n in done} == done  # finished trials were not re-run
+    assert study.trials[killed.number].state == optuna.trial.TrialState.FAIL
+    assert run_study(study_cfg(3))["finished_trials"] == 3  # complete: nothing more runs
+
+    exported = tmp_path / "conf" / "method" / "ptd_t.yaml"
+    values = yaml.safe_load(exported.read_text())
+    assert values["defaults"] == ["ptd_schema", "_self_"] and values["name"] == "ptd_t"
+    GlobalHydra.instance().clear()
+    with initialize_config_module(config_module="conf", version_base="1.3"):
+        cfg = compose("config", overrides=["method=ptd_t", f"hydra.searchpath=[file://{tmp_path / 'conf'}]"])
+    method = OmegaConf.to_object(cfg).method
+    best = resumed["best"][0]["params"]
+    assert method._target_ == "decoding.ptd.PTD" and all(getattr(method, k) == v for k, v in best.items())
+
+
+def test_suggest_reads_int_float_and_categorical_specs():
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    trial = study.ask()
+    values = suggest(trial, {"a": {"type": "int", "low": 1, "high": 3}, "b": {"type": "float", "low": 0.1, "high": 1,
+                                                                               "log": True},
+                             "c": {"type": "categorical", "choices": ["x", "y"]}})
+    assert 1 <= values["a"] <= 3 and 0.1 <= values["b"] <= 1 and values["c"] in ("x", "y")
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("sampler=cmaes", "sampler='cmaes' is not allowed; choose one of: tpe, random, gp"),
+    ("objective.metric=bleu", "objective.metric='bleu' is not allowed; choose one of: speedup, tau_per_cost"),
+    ("objective=nope", "objective=nope is not an option; choose one of: ptd"),
+])
+def test_bad_search_options_give_one_line(override, expected):
+    message = first_config_problem([override], config_name="search")
+    assert message is not None and message.startswith(expected) and "\n" not in message
