@@ -8,7 +8,7 @@ import sys
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline.cli import USER_ERRORS, exit_on_user_error
+from pipeline.cli import USER_ERRORS, exit_on_user_error, precheck_overrides
 from pipeline.train.config import register_train_configs
 
 register_train_configs()
@@ -24,4 +24,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    precheck_overrides(sys.argv[1:], config_module="conf.train", config_name="train")
     main()
