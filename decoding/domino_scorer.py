@@ -13,7 +13,8 @@ Two implementations, which must build identical trees:
 - `FastScorer`: per-round tables on the model's device (top-M ids, W2 rows, base values, the
   z-part of W1 and the GRU input projection of every candidate token), node states in one device
   buffer, and one device->host copy per expanded node (the heap needs the K scores). On CUDA the
-  per-node math is captured once per round in a CUDA graph and replayed.
+  per-node math is captured once in a CUDA graph whose static table buffers each round refills,
+  and replayed per node (written for GPUs, not exercised on this CPU-only machine).
 """
 
 from __future__ import annotations
@@ -46,60 +47,95 @@ class ReferenceScorer:
         return cand[local].tolist(), values.tolist()
 
 
+def gru_cell(gi: torch.Tensor, h: torch.Tensor, w_hh: torch.Tensor) -> torch.Tensor:
+    """torch.nn.GRU's cell without biases, from the precomputed input projection gi = W_ih x."""
+    gh = h @ w_hh.t()
+    g = gi.shape[-1] // 3
+    r = torch.sigmoid(gi[:g] + gh[:g])
+    u = torch.sigmoid(gi[g:2 * g] + gh[g:2 * g])
+    return (1 - u) * torch.tanh(gi[2 * g:] + r * gh[2 * g:]) + u * h
+
+
+def expand_step(gi, h, depth_index, z_proj, base_c, w2_c, w1_state, w_hh, k: int):
+    """One expanded node: its GRU state, then the top-K of its corrected children over the depth's
+    candidates -> (state, log-probs, local candidate indices). Shapes never change, so on CUDA this
+    is what the graph captures."""
+    state = gru_cell(gi, h, w_hh)
+    mid = torch.nn.functional.silu(z_proj.index_select(0, depth_index)[0] + w1_state @ state)
+    scores = base_c.index_select(0, depth_index)[0] + (w2_c.index_select(0, depth_index)[0] @ mid).float()
+    values, local = torch.topk(torch.log_softmax(scores, -1), min(k, scores.shape[-1]))
+    return state, values, local
+
+
+class StepGraph:
+    """CUDA graph of `expand_step` with static buffers, captured once per drafter and reused every
+    round: a round copies its tables in (`load`), each expansion copies gi/h/depth in and replays."""
+
+    def __init__(self, z_proj, base_c, w2_c, w1_state, w_hh, k: int):
+        self.tables = [t.clone() for t in (z_proj, base_c, w2_c)]
+        self.gi = torch.zeros(w_hh.shape[0], device=w_hh.device, dtype=w_hh.dtype)
+        self.h = torch.zeros(w_hh.shape[1], device=w_hh.device, dtype=w_hh.dtype)
+        self.depth = torch.zeros(1, dtype=torch.long, device=w_hh.device)
+        args = (self.gi, self.h, self.depth, *self.tables, w1_state, w_hh, k)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            expand_step(*args)  # warm-up outside the graph
+        torch.cuda.current_stream().wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.out = expand_step(*args)
+
+    def fits(self, z_proj, base_c, w2_c) -> bool:
+        return all(a.shape == b.shape for a, b in zip(self.tables, (z_proj, base_c, w2_c)))
+
+    def load(self, z_proj, base_c, w2_c) -> None:
+        for static, table in zip(self.tables, (z_proj, base_c, w2_c)):
+            static.copy_(table)
+
+    def __call__(self, gi, h, depth_index):
+        self.gi.copy_(gi)
+        self.h.copy_(h)
+        self.depth.copy_(depth_index)
+        self.graph.replay()
+        return self.out
+
+
 class FastScorer:
     @torch.inference_mode()
     def __init__(self, drafter, embed, z: torch.Tensor, base: torch.Tensor, k: int, m: int, max_nodes: int,
-                 use_cuda_graph: bool = True):
+                 graph_holder: dict | None = None):
+        """`graph_holder`: a dict kept by the caller across rounds; on CUDA it holds the StepGraph."""
         gru, proj = drafter.prefix_gru, drafter.embed_proj
         self.prefix, self.k = drafter.spec.pure_draft_prefix_len, k
         dev, dt = z.device, z.dtype
         depths, hidden = base.shape[0], z.shape[-1]
         m = min(m, base.shape[-1])
         # per-round tables
-        cand = torch.topk(base, m, dim=-1).indices  # [D, M]
-        self.cand = cand
-        self.base_c = torch.gather(base, 1, cand)  # [D, M] float32
+        self.cand = torch.topk(base, m, dim=-1).indices  # [D, M]
+        self.base_c = torch.gather(base, 1, self.cand)  # [D, M] float32
         w1 = proj[0].weight
         self.z_proj = z @ w1[:, :hidden].t()  # [D, E]
         self.w1_state = w1[:, hidden:]  # [E, G]
-        self.w2_c = proj[2].weight[cand]  # [D, M, E]
-        self.w_hh = gru.weight_hh_l0  # [3G, G]
-        w_ih = gru.weight_ih_l0
-        self.gi_cand = embed(cand).to(dt) @ w_ih.t()  # [D, M, 3G]: GRU input projection of each candidate
+        self.w2_c = proj[2].weight[self.cand]  # [D, M, E]
+        self.w_hh, self.w_ih = gru.weight_hh_l0, gru.weight_ih_l0  # [3G, G], [3G, H]
+        self.gi_cand = embed(self.cand).to(dt) @ self.w_ih.t()  # [D, M, 3G]: GRU input projection per candidate
         p = min(self.prefix, depths)
-        prefix_lp = torch.log_softmax(base[:p].float(), -1)
-        self.prefix_vals, self.prefix_ids = torch.topk(prefix_lp, k, dim=-1)  # [p, K]
-        self.gi_prefix = embed(self.prefix_ids).to(dt) @ w_ih.t()  # [p, K, 3G]
-        self.prefix_host = (self.prefix_ids.tolist(), self.prefix_vals.tolist())  # one copy per round
-        self.embed, self.w_ih = embed, w_ih
+        prefix_vals, prefix_ids = torch.topk(torch.log_softmax(base[:p].float(), -1), k, dim=-1)  # [p, K]
+        self.gi_prefix = embed(prefix_ids).to(dt) @ self.w_ih.t()  # [p, K, 3G]
+        self.prefix_host = (prefix_ids.tolist(), prefix_vals.tolist())  # one copy per round
+        self.embed = embed
         self.states = torch.zeros(max_nodes + 1, gru.hidden_size, device=dev, dtype=dt)
         # node -> (its children's tokens, [K, 3G] GRU input projections of those children)
         self.children: dict[int, tuple[list[int], torch.Tensor]] = {}
         self.graph = None
-        if use_cuda_graph and dev.type == "cuda":
-            self._capture()
-
-    def _step(self, gi: torch.Tensor, h: torch.Tensor, depth_index: torch.Tensor):
-        """GRU cell for the node's token, then its corrected children: (state, top-K values, local idx)."""
-        state = self._gru_only(gi, h)
-        mid = torch.nn.functional.silu(self.z_proj.index_select(0, depth_index)[0] + self.w1_state @ state)
-        scores = self.base_c.index_select(0, depth_index)[0] + (self.w2_c.index_select(0, depth_index)[0] @ mid).float()
-        values, local = torch.topk(torch.log_softmax(scores, -1), min(self.k, scores.shape[-1]))
-        return state, values, local
-
-    def _capture(self) -> None:
-        dev = self.states.device
-        self.g_gi = torch.zeros_like(self.gi_cand[0, 0])
-        self.g_h = torch.zeros_like(self.states[0])
-        self.g_depth = torch.zeros(1, dtype=torch.long, device=dev)
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            self._step(self.g_gi, self.g_h, self.g_depth)  # warm-up outside the graph
-        torch.cuda.current_stream().wait_stream(stream)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.g_out = self._step(self.g_gi, self.g_h, self.g_depth)
+        if graph_holder is not None and dev.type == "cuda":
+            tables = (self.z_proj, self.base_c, self.w2_c)
+            graph = graph_holder.get("step")
+            if graph is None or not graph.fits(*tables):
+                graph = graph_holder["step"] = StepGraph(*tables, self.w1_state, self.w_hh, k)
+            graph.load(*tables)
+            self.graph = graph
 
     @torch.inference_mode()
     def __call__(self, node: int, parent: int, token: int, depth: int) -> tuple[list[int], list[float]]:
@@ -111,29 +147,18 @@ class FastScorer:
             gi, h = rows[tokens.index(token)], self.states[parent]
         if depth < self.prefix:
             # uncorrected depth: the state is still needed for the grandchildren
-            self.states[node] = self._gru_only(gi, h)
+            self.states[node] = gru_cell(gi, h, self.w_hh)
             ids, vals = self.prefix_host
             self.children[node] = (ids[depth], self.gi_prefix[depth])
             return ids[depth], vals[depth]
         depth_index = torch.tensor([depth], device=self.states.device)
         if self.graph is not None:
-            self.g_gi.copy_(gi)
-            self.g_h.copy_(h)
-            self.g_depth.copy_(depth_index)
-            self.graph.replay()
-            state, values, local = self.g_out
+            state, values, local = self.graph(gi, h, depth_index)
         else:
-            state, values, local = self._step(gi, h, depth_index)
+            state, values, local = expand_step(gi, h, depth_index, self.z_proj, self.base_c, self.w2_c,
+                                               self.w1_state, self.w_hh, self.k)
         self.states[node] = state
         packed = torch.stack([values.double(), self.cand[depth].index_select(0, local).double()]).tolist()  # one sync
         tokens = [int(t) for t in packed[1]]
         self.children[node] = (tokens, self.gi_cand[depth].index_select(0, local))
         return tokens, packed[0]
-
-    def _gru_only(self, gi, h):
-        """torch.nn.GRU's cell without biases, from the precomputed input projection gi = W_ih x."""
-        gh = h @ self.w_hh.t()
-        g = gi.shape[-1] // 3
-        r = torch.sigmoid(gi[:g] + gh[:g])
-        u = torch.sigmoid(gi[g:2 * g] + gh[g:2 * g])
-        return (1 - u) * torch.tanh(gi[2 * g:] + r * gh[2 * g:]) + u * h

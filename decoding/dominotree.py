@@ -63,6 +63,7 @@ class DominoTree(BlockDraftMethod):
     def setup(self, target: TargetModel) -> None:
         super().setup(target)
         self.cost = machine_cost_model(self, target, self.config) if self.config.budget == "cond_adaptive" else None
+        self.graphs: dict = {}  # the fast builder's CUDA graph, captured once and replayed every round
 
     def propose(self, state: DecodeState) -> Proposal:
         cfg = self.config
@@ -73,7 +74,8 @@ class DominoTree(BlockDraftMethod):
         elif cfg.builder == "reference":
             expand = ReferenceScorer(self.drafter, self.embed, draft.hidden, draft.logits, cfg.node_topk, cfg.corr_topm)
         else:
-            expand = FastScorer(self.drafter, self.embed, draft.hidden, draft.logits, cfg.node_topk, cfg.corr_topm, cap)
+            expand = FastScorer(self.drafter, self.embed, draft.hidden, draft.logits, cfg.node_topk, cfg.corr_topm, cap,
+                                graph_holder=self.graphs)
         admit = None if self.cost is None else CostAwareStop(self.cost, self.target.cache_len)
         built = build_best_first(state.root, expand, cap, max_depth=len(draft.logits), admit=admit)
         if self.cost is not None:
