@@ -4,9 +4,10 @@ abstract and the issue (see /work/shared/research/endogenous.md §3); the data s
 `decoding/ptd_tree.py`.
 
 One step, one forward:
-1. seed: while the draft forest has fewer than `num_seeds` subtrees, add a seed under the root
-   (`stochastic`: a random prompt token, a controlled perturbation; `context`: a token that
-   followed the root earlier in the text, most recent first, random when there is none);
+1. seed: the draft forest holds `num_seeds` subtrees under the root. `stochastic`: random prompt
+   tokens (controlled perturbations) fill free slots; `context`: for every new root, the tokens
+   that followed it earlier in the text (most recent first) are planted, each replacing the oldest
+   subtree, and random prompt tokens fill what is left;
 2. verify: the pool's trie for the root (at most `verification_budget` nodes, freshest branches
    first) is the verification tree; the forest rides along as aux rows, each node seeing the root
    and its ancestors at position root + depth (the two trees do not see each other);
@@ -83,23 +84,25 @@ class PTD(Method):
         return aux.proposal(tree)
 
     def plant_seeds(self, state: DecodeState) -> None:
-        cfg = self.config
-        missing = cfg.num_seeds - len(self.forest.tops())
-        if missing <= 0:
-            return
-        present = {self.forest.nodes[t].token for t in self.forest.tops()}
-        seeds: list[int] = []
+        """Stochastic seeds fill free subtree slots once; context seeds are re-derived for every
+        root (the tokens that followed it before), each fresh one replacing the oldest subtree."""
+        cfg, forest = self.config, self.forest
+        present = {forest.nodes[t].token for t in forest.tops()}
         if cfg.seed_mode == "context":
             seq = state.sequence
-            for i in range(len(seq) - 2, -1, -1):  # tokens that followed the root, most recent first
-                if len(seeds) == missing:
+            fresh: list[int] = []
+            for i in range(len(seq) - 2, -1, -1):  # most recent first
+                if len(fresh) == cfg.num_seeds:
                     break
-                if seq[i] == seq[-1] and seq[i + 1] not in present and seq[i + 1] not in seeds:
-                    seeds.append(seq[i + 1])
-        while len(seeds) < missing:
-            seeds.append(self.rng.choice(state.prompt_ids))
-        for tok in seeds:
-            self.forest.add(tok, -1, self.steps)
+                if seq[i] == seq[-1] and seq[i + 1] not in present and seq[i + 1] not in fresh:
+                    fresh.append(seq[i + 1])
+            for tok in reversed(fresh):  # the most recent one ends up newest
+                forest.add(tok, -1, self.steps)
+            tops = sorted(forest.tops(), key=lambda t: (forest.nodes[t].birth, t))
+            if len(tops) > cfg.num_seeds:
+                forest.drop(set(tops[: len(tops) - cfg.num_seeds]))
+        for _ in range(cfg.num_seeds - len(forest.tops())):
+            forest.add(self.rng.choice(state.prompt_ids), -1, self.steps)
 
     def observe(self, state: DecodeState, result: StepResult) -> None:
         cfg = self.config

@@ -112,6 +112,13 @@ class DraftForest:
                 keep[i] = keep[i] and n.parent in tops and i in promoted
         self._compact(keep, promoted)
 
+    def drop(self, tops: set[int]) -> None:
+        """Remove whole subtrees (their continuations already live in the pool)."""
+        keep = [True] * len(self.nodes)
+        for i, n in enumerate(self.nodes):
+            keep[i] = i not in tops and (n.parent < 0 or keep[n.parent])
+        self._compact(keep, set())
+
     def _top_of(self) -> list[int]:
         top = [0] * len(self.nodes)
         for i, n in enumerate(self.nodes):

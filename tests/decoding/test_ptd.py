@@ -101,7 +101,11 @@ def test_context_seeds_are_tokens_that_followed_the_root_before(tiny_llama):
     state = DecodeState(tiny_llama, [5, 40, 9, 5, 41, 9, 5], 0.0, 4, set(), 0)
     m.begin(state)
     m.plant_seeds(state)
-    assert [m.forest.nodes[t].token for t in m.forest.tops()] == [41, 40]
+    assert [m.forest.nodes[t].token for t in m.forest.tops()] == [40, 41]  # the most recent (41) is newest
+    m.steps += 1
+    state.new_tokens = [9]  # a new root: 9 was followed by 5 twice -> one fresh seed replaces the oldest subtree
+    m.plant_seeds(state)
+    assert [m.forest.nodes[t].token for t in m.forest.tops()] == [41, 5]
 
 
 def test_ptd_drafts_and_accepts_on_a_repetitive_prompt(tiny_llama):
