@@ -45,7 +45,7 @@ class DrafterTrainConfig:
     time_budget_min: float = 40.0  # stop (and save) after this many minutes even before `steps`
     seqs_per_step: int = 4  # training sequences per optimizer step
     num_anchors: int = 16  # blocks per sequence (SpecForge: 512 per long sequence on GPUs)
-    lr: float = 6e-4
+    lr: float = 1e-3
     warmup_steps: int = 50
     loss_decay_gamma: float = 7.0  # DFlash: gamma = 7 for block size 16
     lambda_start: float = 0.8  # Domino base-anchored curriculum: weight of CE(base) ...

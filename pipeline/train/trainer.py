@@ -43,6 +43,22 @@ def new_drafter(cfg: TrainConfig, target_config) -> DFlashDrafter:
     return model
 
 
+@torch.no_grad()
+def init_from_data(model: DFlashDrafter, samples: list[dict], target) -> None:
+    """Data-dependent start (weights only; the checkpoint format is unchanged): the tapped features
+    have a few huge constant dimensions (attention-sink style outliers: one dimension of layer 27
+    averages ~450 while the median spread is ~14), which would make every fused context row point
+    the same way; scaling fc's input columns by 1/std of each feature lets every dimension count
+    from the first step. The output norm starts as the target's final norm, since the drafter's
+    output is read by the target's lm_head."""
+    feats = torch.cat([s["hidden"][1:].reshape(len(s["hidden"]) - 1, -1).float() for s in samples[:64]])
+    std = feats.std(dim=0).clamp(min=1e-3)
+    model.fc.weight.mul_((std.median() / std)[None].to(model.fc.weight.dtype))
+    final_norm = getattr(target.model, "norm", None)
+    if final_norm is not None and final_norm.weight.shape == model.norm.weight.shape:
+        model.norm.weight.copy_(final_norm.weight)
+
+
 def _rope_theta(config) -> float:
     rope = getattr(config, "rope_parameters", None) or {}
     return float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
@@ -136,7 +152,11 @@ def train(cfg: TrainConfig, run_config: dict, show_progress: bool = True) -> dic
     random.Random(cfg.data.seed).shuffle(samples)
     val, train_set = samples[:d.val_sequences], samples[d.val_sequences:]
 
-    model = new_drafter(cfg, target.config) if d.kind == "dflash" else domino_from_dflash(cfg)
+    if d.kind == "dflash":
+        model = new_drafter(cfg, target.config)
+        init_from_data(model, train_set, target)
+    else:
+        model = domino_from_dflash(cfg)
     model.train()
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=d.lr, weight_decay=0.01)
     step, elapsed = 0, 0.0
