@@ -8,7 +8,8 @@ Calibration prompts are examples of `task` (GSM8K by default) that are NOT in it
   trial right after PTD on each prompt (interleaved, so machine-load drift hits both alike);
 - `tau_per_cost`: new tokens per AR-forward-equivalent, i.e. sum over steps of the measured cost
   of a forward with that step's rows relative to a one-row forward (the forward-cost curve is
-  measured once per worker). Wall-clock-free, so it ranks configurations stably on a busy machine.
+  measured once per worker). Wall-clock-free, so it ranks configurations stably on a busy machine;
+- `tau`: mean accepted length per step, blind to cost (how far the drafts can go at all).
 Every trial also records tau, rows per step, tokens/s and whether the greedy output equals AR.
 The best parameters are written to <export_dir>/method/<export_name>.yaml (default
 conf/method/ptd_tuned.yaml), which `python -m pipeline method=ptd_tuned` loads by name.
@@ -27,7 +28,7 @@ import torch
 
 from pipeline.errors import ConfigError, check_choice, check_range
 
-METRICS = ("speedup", "tau_per_cost")
+METRICS = ("speedup", "tau_per_cost", "tau")
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
 
@@ -51,7 +52,7 @@ def default_enqueue() -> list:
 @dataclass
 class PTDObjectiveConfig:
     name: str = "ptd"
-    metric: str = "speedup"  # speedup | tau_per_cost
+    metric: str = "speedup"  # speedup | tau_per_cost | tau
     task: str = "gsm8k"  # calibration examples come from this task, outside its evaluation subset
     calibration_prompts: int = 6
     calibration_seed: int = 1

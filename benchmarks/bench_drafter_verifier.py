@@ -1,0 +1,102 @@
+"""Drafter-verifier benchmark on one model and machine, all methods in the same process: AR, sd
+(early-exit drafter), sd with the slim drafter, spec_cascade at several α, via_sd (and its random
+mask ablation). Per task: tokens/s, speedup vs AR, τ, rejection rate, full-target forwards per
+token, VIA-SD tier shares, quality next to AR's (gsm8k accuracy, humaneval pass@1; mt_bench has no
+automatic score).
+
+    python benchmarks/bench_drafter_verifier.py --tasks gsm8k humaneval mt_bench --prompts 5 --max-new-tokens 128
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+from hydra import compose, initialize_config_module
+from omegaconf import OmegaConf
+
+from decoding.ar import AR, ARConfig
+from decoding.drafter import DrafterConfig
+from decoding.sd import SDConfig, SpeculativeDecoding
+from decoding.spec_cascade import SpecCascadeConfig, SpeculativeCascade
+from decoding.target import TargetModel
+from decoding.via_sd import VIASD, VIASDConfig
+from pipeline.generation import GenerationSettings, generate_example
+from pipeline.models import load_model, stop_token_ids
+from pipeline.schema import register_configs
+from pipeline.summary import totals
+from pipeline.tasks import aggregate_quality, load_examples
+
+
+def methods(args):
+    early = DrafterConfig(exit_layer=args.exit_layer, gamma=args.gamma)
+    slim = DrafterConfig(name="slim", kind="slim", mask=args.mask, gamma=args.gamma)
+    out = [("ar", AR(ARConfig())), ("sd", SpeculativeDecoding(SDConfig(), drafter=early)),
+           ("sd[slim]", SpeculativeDecoding(SDConfig(), drafter=slim))]
+    for alpha in args.alphas:
+        out.append((f"cascade[{args.rule},a={alpha:g}]",
+                    SpeculativeCascade(SpecCascadeConfig(rule=args.rule, alpha=alpha), drafter=early)))
+    via = dict(mask=args.mask, agree_threshold=args.agree, slim_threshold=args.slim)
+    out.append(("via_sd", VIASD(VIASDConfig(**via), drafter=early)))
+    if args.ablation:
+        out.append(("via_sd[random]", VIASD(VIASDConfig(middle="random", **via), drafter=early)))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--tasks", nargs="+", default=["gsm8k", "humaneval", "mt_bench"])
+    ap.add_argument("--prompts", type=int, default=5)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--exit-layer", type=int, default=6)
+    ap.add_argument("--gamma", type=int, default=5)
+    ap.add_argument("--mask", default="smollm2-135m-dimr")
+    ap.add_argument("--rule", default="opt")
+    ap.add_argument("--alphas", type=float, nargs="+", default=[0.05, 0.2, 0.5])
+    ap.add_argument("--agree", type=float, default=0.7)
+    ap.add_argument("--slim", type=float, default=0.5)
+    ap.add_argument("--ablation", action="store_true", help="also run via_sd with a random mask")
+    ap.add_argument("--temperature", type=float, default=0.0)
+    args = ap.parse_args()
+
+    register_configs()
+    with initialize_config_module(config_module="conf", version_base="1.3"):
+        rc = OmegaConf.to_object(compose("config", overrides=[f"model={args.model}"]))
+    model, tokenizer = load_model(rc.model)
+    target = TargetModel(model, tokenizer)
+    runs = methods(args)
+    for _, m in runs:
+        m.setup(target)
+    print(f"model={args.model} threads={torch.get_num_threads()} prompts/task={args.prompts} "
+          f"max_new_tokens={args.max_new_tokens} T={args.temperature} drafter=early_exit(k={args.exit_layer}) "
+          f"gamma={args.gamma} mask={args.mask}")
+    for task_name in args.tasks:
+        with initialize_config_module(config_module="conf", version_base="1.3"):
+            task = OmegaConf.to_object(compose("config", overrides=[f"task={task_name}",
+                                                                    f"task.limit={args.prompts}"])).task
+        examples = load_examples(task)
+        settings = GenerationSettings(args.max_new_tokens, args.temperature, 0, stop_token_ids(model, tokenizer))
+        rows = {name: [] for name, _ in runs}
+        for ex in examples:  # methods interleaved per prompt, so machine load hits all of them alike
+            for name, method in runs:
+                rows[name].append(generate_example(method, target, task, ex, settings))
+        ar_tps = totals(rows["ar"])["tokens_per_s"]
+        print(f"\n[{task_name}] {len(examples)} prompts")
+        print(f"{'method':24s} {'tok/s':>6s} {'speedup':>7s} {'tau':>5s} {'reject':>6s} {'fwd/tok':>7s} "
+              f"{'direct/slim/full':>17s} quality")
+        for name, _ in runs:
+            t = totals(rows[name])
+            q = aggregate_quality(task_name, examples, [r["outputs"] for r in rows[name]], [r["quality"] for r in rows[name]])
+            e, n = t["extra"], max(t["new_tokens"], 1)
+            tiers = (f"{e.get('settled_direct', 0) / n:.2f}/{e.get('settled_slim', 0) / n:.2f}/"
+                     f"{e.get('settled_full', 0) / n:.2f}") if "slim_forwards" in e else "-"
+            rej = "-" if t["rejection_rate"] is None else f"{t['rejection_rate']:.2f}"
+            qual = {k: round(v, 3) for k, v in q.items() if isinstance(v, (int, float))} if q else {}
+            print(f"{name:24s} {t['tokens_per_s']:6.2f} {t['tokens_per_s'] / ar_tps:7.2f} {t['tau']:5.2f} {rej:>6s} "
+                  f"{t['target_forwards'] / n:7.2f} {tiers:>17s} {qual}")
+
+
+if __name__ == "__main__":
+    main()
