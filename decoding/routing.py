@@ -1,7 +1,7 @@
 """Routing masks for layer skipping: which whole decoder layers a slim model q_z skips.
 
-A mask file (`masks/<name>.json`, written by the DIMR search or by hand) holds the skipped layer
-indices and the model they were searched for:
+A mask file (`masks/<name>.json`, written by the DIMR search `python -m search objective=dimr`, or
+by hand) holds the skipped layer indices and the model they were searched for:
     {"model": "smollm2-135m", "num_layers": 30, "skip": [3, 5, ...], ...search metadata}
 `method=via_sd` (slim verifier) and `drafter=slim` (self-speculative drafter) load it by name.
 """
@@ -9,6 +9,7 @@ indices and the model they were searched for:
 from __future__ import annotations
 
 import json
+import os
 import random
 from pathlib import Path
 
@@ -30,7 +31,7 @@ def load_mask(name_or_path: str, num_layers: int) -> tuple[int, ...]:
     if not path.exists():
         known = sorted(p.stem for p in MASK_DIR.glob("*.json"))
         raise ConfigError(f"routing mask '{name_or_path}' not found ({path}); known masks: {', '.join(known) or 'none'}"
-                          " (python -m search.dimr writes one)")
+                          " (python -m search objective=dimr writes one)")
     try:
         data = json.loads(path.read_text())
         skip = tuple(sorted(int(i) for i in data["skip"]))
@@ -48,7 +49,7 @@ def load_mask(name_or_path: str, num_layers: int) -> tuple[int, ...]:
 def save_mask(path: Path, skip, num_layers: int, **meta) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = {"num_layers": num_layers, "skip": sorted(int(i) for i in skip), **meta}
-    tmp = path.with_suffix(".json.partial")
+    tmp = path.with_suffix(f".json.{os.getpid()}.partial")  # two search workers may export at once
     tmp.write_text(json.dumps(payload, indent=2) + "\n")
     tmp.rename(path)
 

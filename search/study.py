@@ -7,7 +7,9 @@ An objective is a module `search/<name>.py`, listed in OBJECTIVE_MODULES, that d
 - `prepare(cfg) -> context`: what every trial needs (model, calibration prompts, baselines), built
   once per worker process;
 - `objective(trial, context) -> float | tuple[float, ...]`: one trial (a tuple for multi-objective);
-- `export(trial, context) -> Path | None` (optional): write the best parameters where the pipeline
+- `known_params(context) -> list[dict]` (optional): known parameter sets that need the prepared
+  context (e.g. DIMR's masks depend on the layer count), enqueued after `enqueue` on a new study;
+- `export(trial, context, cfg) -> Path | None` (optional): write the best parameters where the pipeline
   loads them (e.g. conf/method/ptd_tuned.yaml for `python -m pipeline method=ptd_tuned`).
 `suggest(trial, params)` turns a `params` spec ({name: {type: int|float|categorical, low, high,
 log, step, choices}}) into trial suggestions.
@@ -38,7 +40,7 @@ from pipeline.schema import TrackerConfig
 
 log = logging.getLogger(__name__)
 
-OBJECTIVE_MODULES = ("ptd",)
+OBJECTIVE_MODULES = ("ptd", "dimr")
 SAMPLERS = ("tpe", "random", "gp")
 
 
@@ -175,11 +177,15 @@ def run_study(cfg: StudyConfig, tracker=None) -> dict:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = open_study(cfg, directions)
     recovered = recover_stale_trials(study, cfg.worker)
-    if cfg.worker == 0 and not study.trials:
+    fresh = cfg.worker == 0 and not study.trials
+    if fresh:
         for params in getattr(cfg.objective, "enqueue", []) or []:
             study.enqueue_trial(dict(params), skip_if_exists=True)
     remaining = cfg.n_trials - len(finished(study))
     context = module.prepare(cfg) if remaining > 0 else None
+    if fresh and context is not None and hasattr(module, "known_params"):
+        for params in module.known_params(context):
+            study.enqueue_trial(params, skip_if_exists=True)
 
     def objective(trial):
         trial.set_user_attr("worker", cfg.worker)

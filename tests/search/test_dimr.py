@@ -1,37 +1,149 @@
-"""DIMR mask search on a tiny model: the KL cost is zero for the full model and positive for a
-slim one, every trial skips exactly k inner layers, known masks run first, the journal resumes."""
+"""DIMR mask search as `python -m search objective=dimr` on a tiny 6-layer llama: the KL cost is zero for
+the full model and positive for a slim one; topk trials skip exactly k inner layers, bool trials outside
+the skip-ratio range are pruned; known masks run first and a journal study resumes; a pareto study has two
+directions; the exported file loads through decoding.routing like the shipped mask."""
 
+import json
+
+import optuna
 import pytest
+import torch
+from hydra import compose, initialize_config_module
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import OmegaConf
+from optuna.trial import TrialState
 
 from decoding.routing import load_mask, save_mask
-from search.dimr import MaskCost, known_masks, search
+from pipeline.cli import first_config_problem
+from pipeline.errors import ConfigError
+from search.dimr import MaskCost, known_masks
+from search.study import register_configs, run_study
+
+register_configs()
+LAYERS = 6  # inner layers 1..4
+
+
+@pytest.fixture(scope="module")
+def six_layer_dir(tiny_model_dirs, tmp_path_factory):
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    config = AutoConfig.from_pretrained(tiny_model_dirs["llama"])
+    config.num_hidden_layers = LAYERS
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("tiny_llama6")
+    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(path)
+    AutoTokenizer.from_pretrained(tiny_model_dirs["llama"]).save_pretrained(path)
+    return path
 
 
 @pytest.fixture
-def cost(tiny_llama):
-    return MaskCost(tiny_llama, [[10, 11, 12, 13, 14, 15, 16, 17], [20, 21, 22, 23, 24]])
+def dimr_cfg(six_layer_dir, tmp_path):
+    def make(n_trials, *overrides):
+        GlobalHydra.instance().clear()
+        with initialize_config_module(config_module="conf", version_base="1.3"):
+            cfg = compose("search", overrides=[
+                "objective=dimr", "model.name=tiny6", f"model.path={six_layer_dir}", "model.source=hub",
+                "tracker=none", "sampler=random", f"n_trials={n_trials}", f"storage={tmp_path / 'dimr.journal'}",
+                "show_progress=false", "objective.calibration_prompts=2", "objective.calibration_tokens=8",
+                "objective.skip=2", f"objective.export_dir={tmp_path / 'masks'}", *overrides])
+        return OmegaConf.to_object(cfg)
+    return make
 
 
-def test_cost_is_zero_without_skipping_and_positive_with(cost):
+def load(cfg):
+    from search.study import make_storage
+
+    return optuna.load_study(study_name=cfg.study_name, storage=make_storage(cfg))
+
+
+def test_cost_is_zero_without_skipping_and_positive_with(tiny_llama):
+    cost = MaskCost(tiny_llama, [[10, 11, 12, 13, 14, 15, 16, 17], [20, 21, 22, 23, 24]])
     assert cost(()) == pytest.approx(0.0, abs=1e-5)
     assert cost((1,)) > 1e-4
     assert cost((1, 2)) == cost((2, 1))  # cached by mask
 
 
-def test_search_enqueues_known_masks_keeps_k_and_resumes(cost, tmp_path):
-    journal = tmp_path / "dimr.journal"
-    study = search(cost, k=1, trials=4, sampler="random", storage_path=journal, study_name="t")
-    skips = [tuple(t.user_attrs["skip"]) for t in study.trials]
-    assert skips[:2] == known_masks(4, 1)
-    assert all(len(s) == 1 and 0 not in s and 3 not in s for s in skips)
-    assert study.best_value == min(cost(s) for s in skips)
-    again = search(cost, k=1, trials=4, sampler="random", storage_path=journal, study_name="t")
-    assert len(again.trials) == 4  # resumed from the journal, nothing re-run
+def test_topk_study_resumes_with_known_masks_first_and_exports_a_loadable_mask(dimr_cfg, tmp_path):
+    cfg = dimr_cfg(3)
+    assert cfg.study_name == "dimr-tiny6-kl-topk-k2" and cfg.objective.export_name == "tiny6-dimr"
+    assert run_study(cfg)["finished_trials"] == 3
+    resumed = run_study(dimr_cfg(5))
+    assert resumed["finished_trials"] == 5 and resumed["recovered_stale_trials"] == 0
+    trials = load(cfg).trials
+    assert len(trials) == 5 and all(t.state == TrialState.COMPLETE for t in trials)
+    skips = [tuple(t.user_attrs["skip"]) for t in trials]
+    assert skips[:2] == known_masks(LAYERS, 2) == [(1, 3), (3, 4)]  # enqueued first, not enqueued again
+    assert all(len(s) == 2 and set(s) <= {1, 2, 3, 4} for s in skips)  # first/last layer kept
+    assert [t.value for t in trials] == [t.user_attrs["kl"] for t in trials]
+
+    path = tmp_path / "masks" / "tiny6-dimr.json"
+    data = json.loads(path.read_text())
+    best = min(trials, key=lambda t: t.value)
+    assert load_mask(str(path), LAYERS) == tuple(best.user_attrs["skip"])
+    assert data["cost_kl"] == pytest.approx(best.value) and data["model"] == "tiny6"
+    curve = data["search"]["best_so_far"]
+    assert len(curve) == 5 and curve == sorted(curve, reverse=True)
+    assert curve[-1] == pytest.approx(best.value, abs=1e-5) and curve[0] == pytest.approx(trials[0].value, abs=1e-5)
+    assert data["search"]["wall_s"] >= data["search"]["calibration_s"] > 0
+    assert data["search"]["trials"] == 5 and len(data["search"]["calibration_ids"]) == 2
+    assert set(data["search"]["known_masks"]) == {"[1, 3]", "[3, 4]"}
+
+    path.unlink()  # a complete study still exports, from the study alone (nothing is calibrated again)
+    again = run_study(dimr_cfg(5))
+    assert again["finished_trials"] == 5 and load_mask(str(path), LAYERS) == tuple(best.user_attrs["skip"])
+    assert json.loads(path.read_text())["search"]["calibration_ids"] == data["search"]["calibration_ids"]
+
+
+def test_bool_encoding_prunes_masks_outside_the_skip_ratio_range(dimr_cfg, tmp_path):
+    cfg = dimr_cfg(12, "objective.encoding=bool", "objective.objective=kl+ratio", "objective.min_skip=0.3",
+                   "objective.max_skip=0.5", "objective.ratio_weight=0.5")
+    run_study(cfg)
+    trials = load(cfg).trials
+    done = [t for t in trials if t.state == TrialState.COMPLETE]
+    pruned = [t for t in trials if t.state == TrialState.PRUNED]
+    assert len(done) + len(pruned) == 12 and done and pruned  # random booleans hit both sides
+    assert all(t.user_attrs["num_skipped"] in (2, 3) for t in done)  # 2/6 and 3/6 lie in [0.3, 0.5]
+    assert all(t.user_attrs["num_skipped"] not in (2, 3) and t.user_attrs["infeasible"] for t in pruned)
+    assert all(t.value == pytest.approx(t.user_attrs["kl"] + 0.5 * (1 - t.user_attrs["num_skipped"] / 6))
+               for t in done)
+    skip = load_mask(str(tmp_path / "masks" / "tiny6-dimr.json"), LAYERS)
+    assert len(skip) in (2, 3) and 0 not in skip and LAYERS - 1 not in skip
+    assert skip == tuple(min(done, key=lambda t: t.value).user_attrs["skip"])
+
+
+def test_pareto_study_has_two_directions_and_exports_the_best_kl_front_mask_reaching_the_target(dimr_cfg, tmp_path):
+    cfg = dimr_cfg(10, "objective.encoding=bool", "objective.objective=pareto", "objective.min_skip=0.15",
+                   "objective.max_skip=0.5")
+    summary = run_study(cfg)
+    study = load(cfg)
+    assert [d.name for d in study.directions] == ["MINIMIZE", "MAXIMIZE"] and summary["best"]
+    done = [t for t in study.trials if t.state == TrialState.COMPLETE]
+    assert all(t.values == [t.user_attrs["kl"], t.user_attrs["num_skipped"] / 6] for t in done)
+    reaching = [t for t in study.best_trials if t.user_attrs["num_skipped"] >= 2]  # the known masks skip 2
+    expected = min(reaching, key=lambda t: t.values[0])
+    data = json.loads((tmp_path / "masks" / "tiny6-dimr.json").read_text())
+    assert load_mask(str(tmp_path / "masks" / "tiny6-dimr.json"), LAYERS) == tuple(expected.user_attrs["skip"])
+    assert data["search"]["trial"] == expected.number and data["search"]["objective"] == "pareto"
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    (["objective.skip=5"], "objective.skip=5: model tiny6 has only 4 inner layers to skip"),
+    (["objective.encoding=bool", "objective.max_skip=0.3"],  # 2 of 6 layers = 0.333: known masks would be pruned
+     "objective.skip=2 (2/6 = 0.333 of model tiny6's layers) is outside [objective.min_skip, objective.max_skip]"),
+    (["objective.known_masks=[[1,2,3]]"], "objective.known_masks: [1, 2, 3] skips 3 layers, encoding=topk needs"),
+    (["objective.known_masks=[[0,5]]"], "objective.known_masks: [0, 5] must list inner layers of 1..4"),
+])
+def test_settings_that_do_not_fit_the_model_stop_with_one_line(dimr_cfg, overrides, expected):
+    with pytest.raises(ConfigError) as err:
+        run_study(dimr_cfg(2, *overrides))
+    assert str(err.value).startswith(expected) and "\n" not in str(err.value)
+
+
+def test_the_shipped_smollm2_mask_still_loads():
+    assert load_mask("smollm2-135m-dimr", 30) == (5, 10, 14, 15, 17, 26)
 
 
 def test_mask_file_round_trip_and_layer_count_check(tmp_path):
-    from pipeline.errors import ConfigError
-
     path = tmp_path / "m.json"
     save_mask(path, [5, 2], num_layers=8, model="x")
     assert load_mask(str(path), 8) == (2, 5)
@@ -40,3 +152,15 @@ def test_mask_file_round_trip_and_layer_count_check(tmp_path):
     path.write_text("{not json")
     with pytest.raises(ConfigError, match="malformed"):
         load_mask(str(path), 8)
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    (["objective.encoding=foo"], "objective.encoding='foo' is not allowed; choose one of: topk, bool"),
+    (["objective.objective=pareto"], "objective.objective=pareto needs objective.encoding=bool"),
+    (["objective.encoding=bool", "objective.min_skip=0.5", "objective.max_skip=0.2"],
+     "objective.max_skip=0.2 is out of range [0.5, 1.0]"),
+    (["objective.known_masks=[odd]"], "objective.known_masks: 'odd' is not allowed"),
+])
+def test_bad_dimr_options_give_one_line(overrides, expected):
+    message = first_config_problem(["objective=dimr", *overrides], config_name="search")
+    assert message is not None and message.startswith(expected) and "\n" not in message

@@ -83,7 +83,7 @@ def test_suggest_reads_int_float_and_categorical_specs():
 @pytest.mark.parametrize("override, expected", [
     ("sampler=cmaes", "sampler='cmaes' is not allowed; choose one of: tpe, random, gp"),
     ("objective.metric=bleu", "objective.metric='bleu' is not allowed; choose one of: speedup, tau_per_cost, tau"),
-    ("objective=nope", "objective=nope is not an option; choose one of: ptd"),
+    ("objective=nope", "objective=nope is not an option; choose one of: dimr, ptd"),
 ])
 def test_bad_search_options_give_one_line(override, expected):
     message = first_config_problem([override], config_name="search")
