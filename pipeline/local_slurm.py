@@ -24,6 +24,17 @@ BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scancel", "sin
 START_TIMEOUT_S = 60
 
 
+def wait_until(condition, what: str, timeout: float):
+    """Poll `condition` until it returns something truthy (returned); fail after `timeout` seconds."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
 def missing_binaries() -> list[str]:
     return [b for b in BINARIES if shutil.which(b) is None and not Path("/usr/sbin", b).exists()]
 

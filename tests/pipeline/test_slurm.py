@@ -6,10 +6,11 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+
+from pipeline import local_slurm
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 WAIT_S = 420  # bound on every wait in this file
@@ -36,13 +37,7 @@ def finish(proc: subprocess.Popen) -> tuple[int, str]:
 
 
 def wait_until(condition, what: str, timeout: float = WAIT_S):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+    return local_slurm.wait_until(condition, what, timeout)
 
 
 def finished_lines(path: Path) -> list[str]:

@@ -7,10 +7,11 @@ import importlib.util
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+
+from pipeline import local_slurm
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 WAIT_S = 420  # bound on every wait in this file
@@ -18,13 +19,7 @@ N_TRIALS = 12
 
 
 def wait_until(condition, what: str, timeout: float = WAIT_S):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+    return local_slurm.wait_until(condition, what, timeout)
 
 
 def squeue(cluster) -> list[tuple[str, str]]:
@@ -72,12 +67,15 @@ def test_two_slurm_workers_share_one_study_and_a_killed_worker_resumes(slurm_clu
 
         job = wait_until(lambda: next((j for j, s in squeue(slurm_cluster) if j.endswith("_1") and s == "RUNNING"), None),
                          "worker 1 to start")
-        [cut] = wait_until(worker1_mid_trial, "worker 1 in the middle of a trial")  # trials take seconds
+        wait_until(worker1_mid_trial, "worker 1 in the middle of a trial")  # trials take seconds
         # kill the worker outright (no checkpoint, no chance to finish the trial), then requeue it as a
         # node failure would
         subprocess.run(["scancel", "--signal=KILL", job], env=slurm_cluster.env, check=True, timeout=30)
         wait_until(lambda: all(j != job or s not in ("RUNNING", "COMPLETING") for j, s in squeue(slurm_cluster)),
                    "the killed worker to stop")
+        # the trial the kill cut: the one worker 1 left RUNNING (the trial seen running above may have
+        # finished before the signal landed, on a loaded machine)
+        [cut] = [t for t in trials(journal) if t.state == TrialState.RUNNING and t.user_attrs.get("worker") == 1]
         subprocess.run(["scontrol", "requeue", job], env=slurm_cluster.env, check=True, timeout=30)
         wait_until(lambda: any(j == job and s == "PENDING" for j, s in squeue(slurm_cluster)), "the requeue")
         subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=slurm_cluster.env, check=True,
