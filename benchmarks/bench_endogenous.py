@@ -55,7 +55,7 @@ def summarize(task_cfg, examples, rows_by_method: dict[str, dict[str, dict]]) ->
             "task": task_cfg.name, "method": name, "prompts": len(ids), "tau": mine["tau"],
             "decoding_efficiency": mine["decoding_efficiency"],
             "rows_per_forward": extra.get("forward_rows", mine["num_steps"]) / max(1, mine["num_steps"]),
-            "redundancy": extra["draft_bigrams_duplicated"] / extra["draft_bigrams"] if extra.get("draft_bigrams") else None,
+            "redundancy": mine["draft_redundancy"],
             "tokens_per_s": mine["tokens_per_s"], "speedup": mine["tokens_per_s"] / ref["tokens_per_s"],
             "match_rate": sum(rows[i]["output_ids"] == ar[i]["output_ids"] for i in ids) / len(ids),
             "quality": quality,

@@ -20,7 +20,7 @@ from pathlib import Path
 
 COLUMNS = ("model", "task", "temperature", "method", "settings", "num_prompts", "speedup", "tau",
            "decoding_efficiency", "quality_metric", "quality", "ar_quality", "match_rate", "rejection_rate",
-           "tokens_per_s", "ar_tokens_per_s", "num_drafts", "num_draft_tokens", "num_accepted_tokens",
+           "draft_redundancy", "tokens_per_s", "ar_tokens_per_s", "num_drafts", "num_draft_tokens", "num_accepted_tokens",
            "lossless", "experiment", "ar_reference", "run_dir")
 MARKDOWN_COLUMNS = (("model", "model"), ("task", "task"), ("temperature", "T"), ("method", "method"),
                     ("settings", "settings"), ("num_prompts", "n"), ("speedup", "speedup"), ("tau", "τ"),
@@ -66,7 +66,6 @@ def collect(paths: list[Path]) -> Collected:
 def row_from_summary(path: Path) -> dict:
     s = json.loads(path.read_text())
     metric = s.get("quality_metric")
-    drafted = s.get("num_draft_tokens") or 0
     run_dir = path.parent
     reference = run_dir / "reference.json"
     return {
@@ -77,7 +76,7 @@ def row_from_summary(path: Path) -> dict:
         "ar_quality": (s.get("ar_quality") or {}).get(metric) if metric else None,
         "match_rate": s.get("match_rate"),
         # vLLM's draft acceptance rate, inverted: share of drafted tokens (tree nodes for tree methods) rejected
-        "rejection_rate": 1.0 - s.get("num_accepted_tokens", 0) / drafted if drafted else None,
+        "rejection_rate": s.get("rejection_rate"), "draft_redundancy": s.get("draft_redundancy"),
         "tokens_per_s": s.get("tokens_per_s"), "ar_tokens_per_s": s.get("ar_tokens_per_s"),
         "num_drafts": s.get("num_drafts"), "num_draft_tokens": s.get("num_draft_tokens"),
         "num_accepted_tokens": s.get("num_accepted_tokens"), "lossless": s.get("lossless"),

@@ -29,6 +29,10 @@ def totals(rows: list[dict]) -> dict:
     # share of drafted tokens that did not end up in the output (VIA-SD's headline comparison)
     drafted = out["num_draft_tokens"]
     out["rejection_rate"] = 1 - out["num_accepted_tokens"] / drafted if drafted else None
+    # share of drafted bigrams another branch of the same step also drafted (methods that draft
+    # several branches log it per step: decoding.ngram_pool.record_redundancy)
+    bigrams = extra.get("draft_bigrams", 0)
+    out["draft_redundancy"] = extra.get("draft_bigrams_duplicated", 0) / bigrams if bigrams else None
     return out
 
 
