@@ -26,9 +26,10 @@ class DFlashConfig:
     name: str = "dflash"
     # checkpoint: local folder or HF hub id; null = the model's `drafters.dflash` entry
     drafter: Optional[str] = None
-    # z-lab PR #77: at T > 0 the draft is sampled at T and verified by rejection sampling; False =
-    # the original greedy draft (issue #74), lossless too, with lower acceptance
-    sample_draft: bool = True
+    # False = the reference code's draft, always the block's argmax (z-lab issue #74; lossless at any
+    # T, every committed token is a target sample); True = z-lab PR #77: sampled at T and verified by
+    # rejection sampling (usually higher acceptance at T > 0)
+    sample_draft: bool = False
 
 
 class DFlash(BlockDraftMethod):

@@ -18,7 +18,7 @@ from pipeline.errors import ConfigError
 SMALL_PROFILE = dict(profile_node_counts=[0, 1, 2, 4, 8], profile_context_lengths=[8, 64], profile_repeats=1)
 METHODS = {
     "dflash": (dflash, {}),
-    "dflash_greedy_draft": (dflash, {"sample_draft": False}),
+    "dflash_sampled_draft": (dflash, {"sample_draft": True}),
     "ddtree": (ddtree, {"budget": 12}),
     "caddtree": (caddtree, {"max_budget": 24, **SMALL_PROFILE}),
     "domino": (domino, {}),
