@@ -53,7 +53,6 @@ class BlockDraftMethod(Method):
         self.lm_head = target.model.get_output_embeddings()
         self.taps = tuple(spec.target_layer_ids)
         # draft positions per pass: with shift_label every block row predicts (row k -> offset k+1)
-        self.num_positions = spec.block_size if spec.shift_label else spec.block_size - 1
 
     def prefill_hidden_layers(self) -> tuple[int, ...]:
         return self.taps

@@ -91,9 +91,9 @@ class CostAwareStop:
 @torch.inference_mode()
 def profile_verify_cost(target, node_counts: list[int], context_lengths: list[int], repeats: int,
                         draft_fn, draft_repeats: int = 5) -> VerifyCostModel:
-    """Median forward time of root + n tree nodes (a random tree mask shape: a chain is the cheap
-    special case) at each context length, then the monotone convex fit; `draft_fn()` runs one
-    drafting pass for Cd."""
+    """Median forward time of root + n nodes at each context length, then the monotone convex fit;
+    `draft_fn()` runs one drafting pass for Cd. The nodes form a chain (causal mask): the mask's
+    shape does not change the cost of a dense forward, only the row count and context do."""
     gen = torch.Generator().manual_seed(0)
     vocab = target.config.vocab_size
     medians = []
