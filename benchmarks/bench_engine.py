@@ -26,10 +26,11 @@ from pipeline.schema import register_configs
 from pipeline.tasks import build_chat, load_examples
 
 
-def load(model_name: str, task_name: str, limit: int):
+def load(model_name: str, task_name: str, limit: int, overrides: tuple[str, ...] = ()):
     register_configs()
     with initialize_config_module(config_module="conf", version_base="1.3"):
-        cfg = compose("config", overrides=[f"model={model_name}", f"task={task_name}", f"task.limit={limit}"])
+        cfg = compose("config", overrides=[f"model={model_name}", f"task={task_name}", f"task.limit={limit}",
+                                           *overrides])
     rc = OmegaConf.to_object(cfg)
     model, tokenizer = load_model(rc.model)
     prompts = [build_chat(tokenizer, rc.task, [(ex.turns[0], None)]) for ex in load_examples(rc.task)]

@@ -94,12 +94,14 @@ def main() -> None:
     ap.add_argument("--guess", type=int, default=7, help="G")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=2, help="alternating runs per side; the fastest counts")
+    ap.add_argument("--attn", default="sdpa", choices=("sdpa", "eager"),
+                    help="our side's attention kernel (lade on transformers 4.34 runs eager attention)")
     args = ap.parse_args()
     if not Path(args.lade_python).exists():
         raise SystemExit(f"error: {args.lade_python} not found; create the lade venv first (see this script's "
                          "docstring)")
     torch.set_num_threads(args.threads)
-    model, tokenizer, prompts = load("smollm2-135m", args.task, args.prompts)
+    model, tokenizer, prompts = load("smollm2-135m", args.task, args.prompts, (f"model.attn_implementation={args.attn}",))
     eos = int(model.config.eos_token_id)
     target = TargetModel(model, tokenizer)
     ar = [generate(AR(), target, ids, max_new_tokens=args.max_new_tokens, stop_ids={eos}).new_tokens
@@ -113,7 +115,7 @@ def main() -> None:
             lade_runs.append(theirs["results"])
     ours, theirs["results"] = fastest(ours_runs), fastest(lade_runs)
     print(f"model=smollm2-135m task={args.task} prompts={len(prompts)} max_new_tokens={args.max_new_tokens} "
-          f"N={args.level} W={args.window} G={args.guess} threads={args.threads} greedy")
+          f"N={args.level} W={args.window} G={args.guess} threads={args.threads} greedy, our attention: {args.attn}")
     print(f"lade {theirs['transformers']=} {theirs['torch']=}; ours transformers 5 / torch {torch.__version__}")
     print(f"{'prompt':>6} {'tok/step lade':>14} {'tok/step ours':>14} {'ms/step lade':>13} {'ms/step ours':>13} "
           f"{'rows/step lade':>15} {'rows/step ours':>15} {'lade==AR':>9} {'ours==AR':>9}")

@@ -7,6 +7,8 @@ on this machine (see `decoding/verify_cost.py`) and cached per model + device.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -18,6 +20,8 @@ from decoding.engine import DecodeState, Proposal
 from decoding.target import TargetModel
 from decoding.verify_cost import CostAwareStop, cached_cost_model, machine_key, profile_verify_cost
 from pipeline.errors import check_range
+
+STEADY_STATE_NEW_ROWS = 4  # context rows a drafting round projects: about the tokens committed per round
 
 
 @dataclass
@@ -40,15 +44,21 @@ class CaDDTreeConfig:
 
 
 def machine_cost_model(method: BlockDraftMethod, target: TargetModel, cfg) -> "VerifyCostModel":  # noqa: F821
-    """Profile (once per model + drafter + device) the verify cost and the draft cost."""
-    def draft_once():
-        spec = method.drafter.spec
-        cache = method.drafter.new_cache()
-        context = torch.zeros(256, len(spec.target_layer_ids) * spec.hidden_size, device=target.device, dtype=target.dtype)
-        block = torch.full((spec.block_size,), spec.mask_token_id, device=target.device)
-        method.lm_head(method.drafter.draft(cache, context, method.embed(block), 256))
+    """Profile (once per model + drafter + device + profile grid) the verify cost and the draft cost."""
+    spec = method.drafter.spec
+    width = len(spec.target_layer_ids) * spec.hidden_size
+    block = method.embed(torch.full((spec.block_size,), spec.mask_token_id, device=target.device))
+    cache = method.drafter.new_cache()
+    # a warm cache, as mid-generation: each timed pass then projects only the few context rows
+    # committed since the previous round, like a real drafting pass (not the whole prompt again)
+    method.drafter.draft(cache, torch.zeros(256, width, device=target.device, dtype=target.dtype), block, 256)
+    committed = torch.zeros(STEADY_STATE_NEW_ROWS, width, device=target.device, dtype=target.dtype)
 
-    key = machine_key(target, cfg.drafter) + f"-n{max(cfg.profile_node_counts)}-c{max(cfg.profile_context_lengths)}"
+    def draft_once():
+        method.lm_head(method.drafter.draft(cache, committed, block, cache.length + len(committed)))
+
+    grid = json.dumps([list(cfg.profile_node_counts), list(cfg.profile_context_lengths), cfg.profile_repeats])
+    key = machine_key(target, cfg.drafter) + "-" + hashlib.sha1(grid.encode()).hexdigest()[:10]
     return cached_cost_model(key, lambda: profile_verify_cost(
         target, list(cfg.profile_node_counts), list(cfg.profile_context_lengths), cfg.profile_repeats, draft_once))
 

@@ -63,7 +63,11 @@ class VerifyCostModel:
     def verify_s(self, n: int, context: int) -> float:
         """Cv(n, ctx)."""
         values = [self._in_n(curve, n) for curve in self.fitted]
-        return float(np.interp(context, self.context_lengths, values))
+        xs = self.context_lengths
+        if context > xs[-1] and len(xs) > 1:  # attention grows linearly with context: extrapolate, do not clamp
+            slope = (values[-1] - values[-2]) / (xs[-1] - xs[-2])
+            return values[-1] + max(slope, 0.0) * (context - xs[-1])
+        return float(np.interp(context, xs, values))
 
     def to_json(self) -> dict:
         return self.__dict__.copy()

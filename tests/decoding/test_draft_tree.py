@@ -122,6 +122,7 @@ def test_cost_aware_stop_picks_the_throughput_maximum():
     cost = VerifyCostModel([0, 10, 100], [0, 1000], [[1.0, 1.2, 5.0], [2.0, 2.2, 6.0]], draft_s=0.3)
     assert cost.verify_s(5, 500) == pytest.approx(0.5 * (1.1 + 2.1))
     assert cost.verify_s(200, 0) == pytest.approx(5.0 + (5.0 - 1.2) / 90 * 100)
+    assert cost.verify_s(10, 3000) == pytest.approx(2.2 + (2.2 - 1.2) / 1000 * 2000)  # beyond the grid: linear in context
     gen = torch.Generator().manual_seed(0)
     logits = torch.randn(6, 20, generator=gen) * 3
     built = build_best_first(1, marginal_expand(logits, 64), 64, 6, admit=CostAwareStop(cost, 300))
