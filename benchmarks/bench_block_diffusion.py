@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
 import torch
-from hydra import compose, initialize_config_module
 from hydra.utils import get_class
-from omegaconf import OmegaConf
 
 from decoding.ar import AR
 from decoding.engine import generate
@@ -27,6 +26,9 @@ from decoding.metrics import GenerationStats
 from decoding.target import TargetModel
 from pipeline.models import load_model, stop_token_ids
 from pipeline.schema import register_configs
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_engine import compose_run  # noqa: E402
 from pipeline.tasks import build_chat, load_examples
 
 METHODS = {  # label -> overrides of `python -m pipeline`
@@ -38,11 +40,6 @@ METHODS = {  # label -> overrides of `python -m pipeline`
     "dominotree_marginal": ["method=dominotree", "method.scoring=marginal"],
     "cond_adaptive": ["method=dominotree", "method.budget=cond_adaptive"],
 }
-
-
-def compose_run(overrides: list[str]):
-    with initialize_config_module(config_module="conf", version_base="1.3"):
-        return OmegaConf.to_object(compose("config", overrides=overrides))
 
 
 def run_example(method, target, task_cfg, example, max_new_tokens, temperature, stops, seed):

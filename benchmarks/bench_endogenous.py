@@ -22,21 +22,17 @@ import time
 from pathlib import Path
 
 import torch
-from hydra import compose, initialize_config_module
 from hydra.utils import get_class
-from omegaconf import OmegaConf
 
 from decoding.target import TargetModel
 from pipeline.generation import GenerationSettings, append_result, generate_example, read_results, warm_up
 from pipeline.models import load_model, stop_token_ids
 from pipeline.schema import register_configs
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_engine import compose_run  # noqa: E402
 from pipeline.summary import totals
 from pipeline.tasks import aggregate_quality, load_examples
-
-
-def compose_run(overrides: list[str]):
-    with initialize_config_module(config_module="conf", version_base="1.3"):
-        return OmegaConf.to_object(compose("config", overrides=overrides))
 
 
 def summarize(task_cfg, examples, rows_by_method: dict[str, dict[str, dict]]) -> list[dict]:

@@ -26,12 +26,15 @@ from pipeline.schema import register_configs
 from pipeline.tasks import build_chat, load_examples
 
 
-def load(model_name: str, task_name: str, limit: int, overrides: tuple[str, ...] = ()):
+def compose_run(overrides: list[str]):
+    """The run config `python -m pipeline <overrides>` would use, as dataclasses."""
     register_configs()
     with initialize_config_module(config_module="conf", version_base="1.3"):
-        cfg = compose("config", overrides=[f"model={model_name}", f"task={task_name}", f"task.limit={limit}",
-                                           *overrides])
-    rc = OmegaConf.to_object(cfg)
+        return OmegaConf.to_object(compose("config", overrides=overrides))
+
+
+def load(model_name: str, task_name: str, limit: int, overrides: tuple[str, ...] = ()):
+    rc = compose_run([f"model={model_name}", f"task={task_name}", f"task.limit={limit}", *overrides])
     model, tokenizer = load_model(rc.model)
     prompts = [build_chat(tokenizer, rc.task, [(ex.turns[0], None)]) for ex in load_examples(rc.task)]
     return model, tokenizer, prompts
