@@ -8,13 +8,19 @@ One step, one forward:
    tokens (controlled perturbations) fill free slots; `context`: for every new root, the tokens
    that followed it earlier in the text (most recent first) are planted, each replacing the oldest
    subtree, and random prompt tokens fill what is left;
-2. verify: the pool's trie for the root (at most `verification_budget` nodes, freshest branches
-   first) is the verification tree; the forest rides along as aux rows, each node seeing the root
-   and its ancestors at position root + depth (the two trees do not see each other);
+2. verify: the pool's trie for the root is the verification tree (at most `verification_budget`
+   nodes). With `graft`, it is grown best-first by joining pool subtrees that share a root token:
+   a candidate path continues with the pool's subtree of its longest suffix (the recursive merge,
+   so candidates reach `candidate_depth`); without it, the root's own trie, freshest branches first.
+   The forest rides along as aux rows, each node seeing the root and its ancestors at position
+   root + depth (the two trees do not see each other);
 3. expand: every leaf gets its most probable next tokens as children (at most `width` per parent,
    the forest capped at `drafting_budget` nodes, first children first);
 4. extract and merge: the subtree below every forest node is merged into the pool under that
-   node's token (recursive trie union, at most `pool_size` branches per root, LRU);
+   node's token (recursive trie union, at most `pool_size` branches per root, LRU); with
+   `recycle`, so are the verification rows' top-`width` next tokens (the verification tree is
+   part of the tree this forward grew), and with `context_subtrees` the committed text's
+   continuations (context-derived subtrees);
 5. prune: the depth window slides every subtree deeper than `depth` (keep the earliest-added
    child, drop the older branches); a full forest that could not grow retires its oldest subtree.
 Verification is the engine's tree acceptance (greedy: follow the argmax child; sampling:
@@ -31,7 +37,7 @@ import torch
 from decoding.aux_rows import AuxRows
 from decoding.engine import DecodeState, Method, Proposal, StepResult
 from decoding.ngram_pool import bigram_redundancy, candidate_tree, record_redundancy
-from decoding.ptd_tree import DraftForest, TriePool
+from decoding.ptd_tree import DraftForest, TriePool, graft_branches
 from decoding.tree import TokenTree
 from pipeline.errors import check_choice, check_range
 
@@ -42,15 +48,26 @@ SEED_MODES = ("stochastic", "context")
 class PTDConfig:
     _target_: str = "decoding.ptd.PTD"
     name: str = "ptd"
-    # No public code or reported defaults: these are the reconstruction's defaults (chosen to cost
-    # about as many rows per forward as Lookahead N=5/W=7/G=7 at most); tuned values: ptd_tuned.
+    # No public code or reported defaults: these are the reconstruction's defaults, measured on
+    # SmolLM2-135M (README, PTD ablation); tuned values: ptd_tuned.
     width: int = 2  # issue #3 "width": max children per parent, highest probability first
-    depth: int = 4  # issue #3 "depth threshold" of the sliding window (candidate length = depth - 1 at most)
-    num_seeds: int = 4  # issue #3 "number of seeds": subtrees in the draft forest
+    depth: int = 4  # issue #3 "depth threshold" of the sliding window (forest subtrees <= depth - 1 deep)
+    num_seeds: int = 2  # issue #3 "number of seeds": subtrees in the draft forest
     seed_mode: str = "stochastic"  # issue #3 seeds: stochastic (random prompt tokens) | context
     pool_size: int = 8  # issue #3 "pool size per root": branches kept per root token (LRU)
-    verification_budget: int = 16  # issue #3 "verification budget": candidate nodes per forward
-    drafting_budget: int = 24  # issue #3 "drafting budget": draft-forest nodes per forward
+    verification_budget: int = 24  # issue #3 "verification budget": candidate nodes per forward
+    drafting_budget: int = 8  # issue #3 "drafting budget": draft-forest nodes per forward
+    # Context-derived subtrees (issue #3 "context-derived", beyond seeds): the committed text's
+    # continuation of every token (its next `depth` tokens) is merged into the pool under that token.
+    context_subtrees: bool = True
+    # The verification tree is part of the grown tree: its rows' top-`width` next tokens are
+    # extracted and merged into the pool under their node's token, like the forest's leaves.
+    recycle: bool = True
+    # Recursive merge at lookup: a candidate path is extended by the pool's subtree of its longest
+    # suffix that has one, so subtrees sharing a root token join into one deeper trie per root
+    # (false: the root's own trie only, the pool as stored).
+    graft: bool = True
+    candidate_depth: int = 8  # deepest grafted candidate (graft=true)
     seed: int = 0  # seeds the stochastic seeds
 
     def __post_init__(self) -> None:
@@ -61,6 +78,7 @@ class PTDConfig:
         check_range("method.pool_size", self.pool_size, 1)
         check_range("method.verification_budget", self.verification_budget, 0)
         check_range("method.drafting_budget", self.drafting_budget, self.num_seeds)
+        check_range("method.candidate_depth", self.candidate_depth, 1)
 
 
 class PTD(Method):
@@ -71,6 +89,8 @@ class PTD(Method):
         self.forest = DraftForest()
         self.pool = TriePool(self.config.pool_size)
         self.steps = 0
+        if self.config.context_subtrees:
+            self.merge_context(state.sequence, len(state.sequence))
 
     def propose(self, state: DecodeState) -> Proposal:
         cfg = self.config
@@ -78,7 +98,10 @@ class PTD(Method):
         aux = AuxRows()
         for node, depth, anc in zip(self.forest.nodes, self.forest.depths(), self.forest.ancestors()):
             aux.add(node.token, depth, anc)  # forest index == aux row index
-        branches = [tokens for _, tokens in self.pool.branches(state.root)]
+        if cfg.graft:
+            branches = graft_branches(self.pool, state.root, cfg.verification_budget, cfg.candidate_depth)
+        else:
+            branches = [tokens for _, tokens in self.pool.branches(state.root)]
         tree = candidate_tree(state.root, branches, cfg.verification_budget)
         state.stats.add_extra("forward_rows", len(tree) + len(aux))
         return aux.proposal(tree)
@@ -104,9 +127,25 @@ class PTD(Method):
         for _ in range(cfg.num_seeds - len(forest.tops())):
             forest.add(self.rng.choice(state.prompt_ids), -1, self.steps)
 
+    def merge_context(self, seq: list[int], new: int) -> None:
+        """Every token whose next `depth` tokens changed this step gets them merged as a chain."""
+        n = self.config.depth
+        for i in range(max(0, len(seq) - new - n - 1), len(seq) - 1):
+            chain: dict = {}
+            for tok in reversed(seq[i + 1:i + 1 + n]):
+                chain = {tok: chain}
+            self.pool.merge(seq[i], chain, self.steps)
+
     def observe(self, state: DecodeState, result: StepResult) -> None:
         cfg = self.config
         self.steps += 1
+        if cfg.context_subtrees:
+            self.merge_context(state.sequence, len(result.committed))
+        if cfg.recycle:
+            tree = result.proposal.tree
+            top = torch.topk(result.output.logits[: len(tree)], cfg.width, dim=-1).indices.tolist()
+            for tok, nxt in zip(tree.tokens, top):
+                self.pool.merge(int(tok), {t: {} for t in nxt}, self.steps)
         forest = self.forest
         if len(forest):
             logp = torch.log_softmax(result.aux_logits()[: len(forest)], dim=-1)

@@ -201,3 +201,49 @@ class TriePool:
             return {tok: strip(child) for tok, child in node["kids"].items()}
 
         return strip(self.roots[root]) if root in self.roots else {}
+
+
+def graft_branches(pool: TriePool, root: int, budget: int, max_depth: int) -> list[list[int]]:
+    """Candidate branches for `root`, grown best-first by grafting pool subtrees: the children of a
+    candidate path are the pool's continuations of its longest suffix found in the pool (the
+    path's own root-keyed trie first, then shorter suffixes: subtrees that share a root token are
+    joined, so the candidates go deeper than any single merged subtree). A child's cost is its
+    rank among its siblings plus one per suffix token dropped; the `budget` cheapest paths win.
+    Returns root-to-leaf branches, cheapest first."""
+    import heapq
+
+    def children(path: list[int]) -> list[tuple[int, int]]:
+        context = [root, *path]
+        out: dict[int, int] = {}
+        for start in range(len(context)):  # longest suffix first
+            node = pool.roots.get(context[start])
+            for tok in context[start + 1:]:
+                node = node["kids"].get(tok) if node is not None else None
+            if node is None or not node["kids"]:
+                continue
+            kids = sorted(node["kids"].items(), key=lambda kv: -kv[1]["stamp"])
+            for rank, (tok, _) in enumerate(kids):
+                out.setdefault(tok, rank + start)
+        return sorted(out.items(), key=lambda kv: kv[1])
+
+    chosen: list[list[int]] = []
+    heap: list[tuple[int, int, list[int]]] = []
+    counter = 0
+    for tok, cost in children([]):
+        heap.append((cost, counter, [tok]))
+        counter += 1
+    heapq.heapify(heap)
+    while heap and len(chosen) < budget:
+        cost, _, path = heapq.heappop(heap)
+        chosen.append(path)
+        if len(path) < max_depth:
+            for tok, c in children(path):
+                heapq.heappush(heap, (cost + c, counter, [*path, tok]))
+                counter += 1
+    paths = {tuple(p) for p in chosen}
+    return [p for p in chosen if not any((*p, t) in paths for t in _next_tokens(p, chosen))]
+
+
+def _next_tokens(path: list[int], chosen: list[list[int]]) -> set[int]:
+    n = len(path)
+    return {c[n] for c in chosen if len(c) == n + 1 and c[:n] == path}

@@ -40,13 +40,18 @@ def default_space() -> dict:
         "seed_mode": {"type": "categorical", "choices": ["stochastic", "context"]},
         "pool_size": {"type": "int", "low": 2, "high": 32, "log": True},
         "verification_budget": {"type": "int", "low": 2, "high": 48, "log": True},
-        "drafting_budget": {"type": "int", "low": 4, "high": 48, "log": True},
+        "drafting_budget": {"type": "int", "low": 2, "high": 48, "log": True},
+        "context_subtrees": {"type": "categorical", "choices": [True, False]},
+        "recycle": {"type": "categorical", "choices": [True, False]},
+        "graft": {"type": "categorical", "choices": [True, False]},
+        "candidate_depth": {"type": "int", "low": 2, "high": 12},
     }
 
 
 def default_enqueue() -> list:
-    return [{"width": 2, "depth": 4, "num_seeds": 4, "seed_mode": "stochastic", "pool_size": 8,
-             "verification_budget": 16, "drafting_budget": 24}]  # the reconstruction's defaults
+    return [{"width": 2, "depth": 4, "num_seeds": 2, "seed_mode": "stochastic", "pool_size": 8,
+             "verification_budget": 24, "drafting_budget": 8, "context_subtrees": True, "recycle": True,
+             "graft": True, "candidate_depth": 8}]  # PTDConfig's defaults
 
 
 @dataclass

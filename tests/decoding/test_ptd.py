@@ -6,7 +6,8 @@ import pytest
 
 from decoding.engine import DecodeState, generate
 from decoding.ptd import PTD, PTDConfig
-from decoding.ptd_tree import DraftForest, TriePool
+from decoding.ngram_pool import candidate_tree
+from decoding.ptd_tree import DraftForest, TriePool, graft_branches
 from pipeline.errors import ConfigError
 
 
@@ -119,3 +120,46 @@ def test_ptd_drafts_and_accepts_on_a_repetitive_prompt(tiny_llama):
 def test_bad_values_are_config_errors(field, value):
     with pytest.raises(ConfigError, match=f"method.{field}"):
         PTDConfig(**{field: value})
+
+
+def test_graft_joins_subtrees_that_share_a_root_token_into_deeper_candidates():
+    pool = TriePool(cap=8)
+    pool.merge(1, {2: {3: {}}}, stamp=1)
+    pool.merge(3, {4: {}}, stamp=1)
+    pool.merge(4, {5: {}}, stamp=1)
+    # root 1 -> 2 -> 3 from its own trie; 3's trie adds 4, 4's adds 5
+    assert graft_branches(pool, 1, budget=10, max_depth=8) == [[2, 3, 4, 5]]
+    assert graft_branches(pool, 1, budget=10, max_depth=3) == [[2, 3, 4]]
+    assert graft_branches(pool, 1, budget=2, max_depth=8) == [[2, 3]]
+    assert graft_branches(pool, 9, budget=10, max_depth=8) == []
+
+
+def test_graft_prefers_the_longest_matching_context_and_counts_every_node_once():
+    pool = TriePool(cap=8)
+    pool.merge(1, {2: {7: {}}}, stamp=2)  # after "1 2": 7
+    pool.merge(2, {8: {}}, stamp=3)  # after "2" alone (fresher, but a shorter context): 8
+    branches = graft_branches(pool, 1, budget=10, max_depth=2)
+    assert branches == [[2, 7], [2, 8]]  # 7 (full context, rank 0) before 8 (one suffix token dropped)
+    tree = candidate_tree(1, branches, 10)
+    assert len(tree) - 1 == 3  # nodes 2, 7, 8: the shared prefix once
+
+
+def test_context_subtrees_merge_the_committed_continuation_of_every_token(tiny_llama):
+    m = PTD(PTDConfig(depth=2, context_subtrees=True, pool_size=8))
+    state = DecodeState(tiny_llama, [5, 6, 7, 5, 8], 0.0, 4, set(), 0)
+    m.begin(state)
+    assert m.pool.as_nested(5) == {6: {7: {}}, 8: {}}
+    assert m.pool.as_nested(6) == {7: {5: {}}}
+    m.merge_context([5, 6, 7, 5, 8, 9], new=1)  # 9 committed: the chains that reach it grow
+    assert m.pool.as_nested(5) == {6: {7: {}}, 8: {9: {}}} and m.pool.as_nested(8) == {9: {}}
+
+
+def test_recycle_merges_the_verification_rows_top_tokens(tiny_llama):
+    m = PTD(PTDConfig(width=2, recycle=True, num_seeds=1, drafting_budget=2))
+    state = DecodeState(tiny_llama, [7, 30, 31, 32], 0.0, 20, set(), 0)
+    tiny_llama.prefill(state.prompt_ids[:-1])
+    m.begin(state)
+    root = state.root
+    m.step(state)
+    committed = state.new_tokens[0]  # the root's row predicted it (greedy): it is among the root's top 2
+    assert committed in m.pool.as_nested(root)

@@ -34,7 +34,7 @@ def study_cfg(tiny_model_dirs, tmp_path):
             "objective.params.depth.high=4", "objective.params.drafting_budget.high=12",
             "objective.params.verification_budget.high=8",
             "objective.enqueue=[{width:2,depth:3,num_seeds:2,seed_mode:context,pool_size:4,verification_budget:6,"
-            "drafting_budget:8}]",
+            "drafting_budget:8,context_subtrees:true,recycle:true,graft:true,candidate_depth:4}]",
         ])
     return make
 
@@ -46,7 +46,9 @@ def test_study_runs_resumes_after_a_kill_and_exports_a_loadable_method(study_cfg
         optuna.storages.journal.JournalFileBackend(str(tmp_path / "ptd.journal"))))
     done = {t.number: t.params for t in study.trials}
     assert study.trials[0].params == {"width": 2, "depth": 3, "num_seeds": 2, "seed_mode": "context",
-                                      "pool_size": 4, "verification_budget": 6, "drafting_budget": 8}  # enqueued
+                                      "pool_size": 4, "verification_budget": 6, "drafting_budget": 8,
+                                      "context_subtrees": True, "recycle": True, "graft": True,
+                                      "candidate_depth": 4}  # enqueued
     assert {"tau", "rows_per_step", "tau_per_cost", "match_rate"} <= set(study.trials[0].user_attrs)
     assert all(t.user_attrs.get("match_rate", 1.0) == 1.0 for t in study.trials)  # greedy PTD == AR
     killed = study.ask()  # a worker dies mid-trial: the trial stays RUNNING in the journal
