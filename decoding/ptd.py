@@ -50,12 +50,12 @@ class PTDConfig:
     name: str = "ptd"
     # No public code or reported defaults: these are the reconstruction's defaults, measured on
     # SmolLM2-135M (README, PTD ablation); tuned values: ptd_tuned.
-    width: int = 2  # issue #3 "width": max children per parent, highest probability first
+    width: int = 3  # issue #3 "width": max children per parent, highest probability first
     depth: int = 4  # issue #3 "depth threshold" of the sliding window (forest subtrees <= depth - 1 deep)
     num_seeds: int = 2  # issue #3 "number of seeds": subtrees in the draft forest
     seed_mode: str = "stochastic"  # issue #3 seeds: stochastic (random prompt tokens) | context
     pool_size: int = 8  # issue #3 "pool size per root": branches kept per root token (LRU)
-    verification_budget: int = 24  # issue #3 "verification budget": candidate nodes per forward
+    verification_budget: int = 32  # issue #3 "verification budget": candidate nodes per forward
     drafting_budget: int = 8  # issue #3 "drafting budget": draft-forest nodes per forward
     # Context-derived subtrees (issue #3 "context-derived", beyond seeds): the committed text's
     # continuation of every token (its next `depth` tokens) is merged into the pool under that token.
@@ -141,13 +141,17 @@ class PTD(Method):
         self.steps += 1
         if cfg.context_subtrees:
             self.merge_context(state.sequence, len(result.committed))
+        recycled: list[tuple[int, int]] = []  # (node token, drafted next token) of the verification rows
         if cfg.recycle:
             tree = result.proposal.tree
             top = torch.topk(result.output.logits[: len(tree)], cfg.width, dim=-1).indices.tolist()
             for tok, nxt in zip(tree.tokens, top):
                 self.pool.merge(int(tok), {t: {} for t in nxt}, self.steps)
+                recycled += [(int(tok), t) for t in nxt]
         forest = self.forest
-        if len(forest):
+        if not len(forest):
+            record_redundancy(state.stats, *bigram_redundancy([], recycled))
+        else:
             logp = torch.log_softmax(result.aux_logits()[: len(forest)], dim=-1)
             for i, n in enumerate(forest.nodes):  # refresh each edge's probability under the new root
                 if n.parent >= 0:
@@ -160,7 +164,8 @@ class PTD(Method):
             for i, n in enumerate(forest.nodes):  # extract: continuations of every node's token
                 if n.children:
                     self.pool.merge(n.token, forest.subtree(i), self.steps)
-            record_redundancy(state.stats, *bigram_redundancy([], forest.edges()))
+            # redundancy over everything this forward drafted: the forest's edges and the recycled ones
+            record_redundancy(state.stats, *bigram_redundancy([], [*forest.edges(), *recycled]))
             forest.slide(cfg.depth)
             if added == 0 and len(forest) >= cfg.drafting_budget:
                 forest.retire({min(forest.tops(), key=lambda t: forest.nodes[t].birth)})  # oldest subtree goes

@@ -49,8 +49,8 @@ def default_space() -> dict:
 
 
 def default_enqueue() -> list:
-    return [{"width": 2, "depth": 4, "num_seeds": 2, "seed_mode": "stochastic", "pool_size": 8,
-             "verification_budget": 24, "drafting_budget": 8, "context_subtrees": True, "recycle": True,
+    return [{"width": 3, "depth": 4, "num_seeds": 2, "seed_mode": "stochastic", "pool_size": 8,
+             "verification_budget": 32, "drafting_budget": 8, "context_subtrees": True, "recycle": True,
              "graft": True, "candidate_depth": 8}]  # PTDConfig's defaults
 
 
