@@ -1,6 +1,6 @@
-"""Drafter-verifier benchmark on one model and machine, all methods in the same process: AR, sd
-(early-exit drafter), sd with the slim drafter, spec_cascade at several α, via_sd (and its random
-mask ablation). Per task: tokens/s, speedup vs AR, τ, rejection rate, full-target forwards per
+"""Drafter-verifier benchmark on one model and machine, all methods in the same process: AR, sd,
+spec_cascade at several α and via_sd (and its random-mask ablation) with one shared drafter
+(`--drafter early_exit|slim`), plus sd with the other drafter kind. Per task: tokens/s, speedup vs AR, τ, rejection rate, full-target forwards per
 token, VIA-SD tier shares, quality next to AR's (gsm8k accuracy, humaneval pass@1; mt_bench has no
 automatic score).
 
@@ -30,17 +30,19 @@ from pipeline.tasks import aggregate_quality, load_examples
 
 
 def methods(args):
+    """sd, the cascades and via_sd share one drafter (--drafter); the other kind runs as sd[...]."""
     early = DrafterConfig(exit_layer=args.exit_layer, gamma=args.gamma)
-    slim = DrafterConfig(name="slim", kind="slim", mask=args.mask, gamma=args.gamma)
-    out = [("ar", AR(ARConfig())), ("sd", SpeculativeDecoding(SDConfig(), drafter=early)),
-           ("sd[slim]", SpeculativeDecoding(SDConfig(), drafter=slim))]
+    slim = DrafterConfig(name="slim", kind="slim", mask=args.drafter_mask or args.mask, gamma=args.gamma)
+    drafter, other = (early, slim) if args.drafter == "early_exit" else (slim, early)
+    out = [("ar", AR(ARConfig())), ("sd", SpeculativeDecoding(SDConfig(), drafter=drafter)),
+           (f"sd[{other.name}]", SpeculativeDecoding(SDConfig(), drafter=other))]
     for alpha in args.alphas:
         out.append((f"cascade[{args.rule},a={alpha:g}]",
-                    SpeculativeCascade(SpecCascadeConfig(rule=args.rule, alpha=alpha), drafter=early)))
+                    SpeculativeCascade(SpecCascadeConfig(rule=args.rule, alpha=alpha), drafter=drafter)))
     via = dict(mask=args.mask, agree_threshold=args.agree, slim_threshold=args.slim)
-    out.append(("via_sd", VIASD(VIASDConfig(**via), drafter=early)))
+    out.append(("via_sd", VIASD(VIASDConfig(**via), drafter=drafter)))
     if args.ablation:
-        out.append(("via_sd[random]", VIASD(VIASDConfig(middle="random", **via), drafter=early)))
+        out.append(("via_sd[random]", VIASD(VIASDConfig(middle="random", **via), drafter=drafter)))
     return out
 
 
@@ -52,7 +54,10 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--exit-layer", type=int, default=6)
     ap.add_argument("--gamma", type=int, default=5)
-    ap.add_argument("--mask", default="smollm2-135m-dimr")
+    ap.add_argument("--drafter", choices=["early_exit", "slim"], default="early_exit",
+                    help="the drafter of sd, the cascades and via_sd")
+    ap.add_argument("--mask", default="smollm2-135m-dimr", help="via_sd's routing mask (its slim verifier)")
+    ap.add_argument("--drafter-mask", default=None, help="the slim drafter's mask (default: --mask)")
     ap.add_argument("--rule", default="opt")
     ap.add_argument("--alphas", type=float, nargs="+", default=[0.05, 0.2, 0.5])
     ap.add_argument("--agree", type=float, default=0.7)
@@ -70,8 +75,9 @@ def main() -> None:
     for _, m in runs:
         m.setup(target)
     print(f"model={args.model} threads={torch.get_num_threads()} prompts/task={args.prompts} "
-          f"max_new_tokens={args.max_new_tokens} T={args.temperature} drafter=early_exit(k={args.exit_layer}) "
-          f"gamma={args.gamma} mask={args.mask}")
+          f"max_new_tokens={args.max_new_tokens} T={args.temperature} drafter={args.drafter} "
+          f"(early_exit k={args.exit_layer}, slim mask {args.drafter_mask or args.mask}) gamma={args.gamma} "
+          f"via_sd mask={args.mask}")
     for task_name in args.tasks:
         with initialize_config_module(config_module="conf", version_base="1.3"):
             task = OmegaConf.to_object(compose("config", overrides=[f"task={task_name}",

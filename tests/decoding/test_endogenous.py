@@ -22,6 +22,8 @@ METHODS = {  # small windows and budgets keep the tiny-model runs fast; defaults
     "self_draft": lambda: SelfDraft(SelfDraftConfig(branch_len=4, branch_num=3)),
     "ptd": lambda: PTD(PTDConfig(num_seeds=3, depth=3, drafting_budget=12, verification_budget=12)),
     "ptd_context": lambda: PTD(PTDConfig(num_seeds=3, depth=3, drafting_budget=12, seed_mode="context")),
+    "ptd_forest": lambda: PTD(PTDConfig(num_seeds=3, depth=3, drafting_budget=12, verification_budget=12,
+                                        context_subtrees=False, recycle=False, graft=False)),
 }
 DEFAULTS = {"lookahead": LookaheadConfig, "self_draft": SelfDraftConfig, "ptd": PTDConfig}
 CLASSES = {"lookahead": Lookahead, "self_draft": SelfDraft, "ptd": PTD}
