@@ -23,6 +23,10 @@ Cost (`objective`):
 - `pareto`: two objectives, minimise KL and maximise the skip ratio (encoding=bool). The exported
   mask is the lowest-KL trial of the Pareto front that skips at least `skip` layers (the target);
   if no front trial reaches it, the front trial that skips the most layers.
+- `between`: minimise KL(p || q_z) + KL(q_z || q), p = the early-exit drafter (the target's first
+  `drafter_exit_layer` layers + norm + head): the paper's KL geometry (KL(p||q) = KL(p||q') +
+  KL(q'||q) for an I-projection) read as "put q' between the drafter and the target", so that
+  drafts pass q' more often than q while q' stays close to q (research/viasd.md §1, our reading).
 
 Known masks (`known_masks`: every other inner layer, the deepest k inner layers, or explicit
 layer lists) are enqueued as the study's first trials. The study, samplers, storage, resume and
@@ -47,7 +51,7 @@ from pipeline.errors import ConfigError, check_choice, check_range
 log = logging.getLogger(__name__)
 
 ENCODINGS = ("topk", "bool")
-OBJECTIVES = ("kl", "kl+ratio", "pareto")
+OBJECTIVES = ("kl", "kl+ratio", "pareto", "between")
 KNOWN_MASKS = ("every_other", "deepest")
 
 
@@ -55,11 +59,12 @@ KNOWN_MASKS = ("every_other", "deepest")
 class DIMRObjectiveConfig:
     name: str = "dimr"
     encoding: str = "topk"  # topk (score per inner layer + top-k, exactly `skip`) | bool (boolean per inner layer)
-    objective: str = "kl"  # kl | kl+ratio | pareto (two objectives); kl+ratio and pareto need encoding=bool
+    objective: str = "kl"  # kl | kl+ratio | pareto (two objectives) | between; kl+ratio and pareto need encoding=bool
     skip: int = 6  # k: layers skipped (topk); bool: the known masks' size and the skip target of a pareto export
     min_skip: float = 0.1  # encoding=bool: lowest allowed skip ratio |z| / L (others are pruned)
     max_skip: float = 0.3  # encoding=bool: highest allowed skip ratio |z| / L
     ratio_weight: float = 1.0  # λ of objective=kl+ratio: KL + λ * (1 - skip ratio)
+    drafter_exit_layer: int = 6  # objective=between: the early-exit drafter p (conf/drafter/early_exit.yaml's k)
     calibration_prompts: int = 4  # GSM8K questions outside the evaluation subset
     calibration_tokens: int = 48  # the target's greedy continuation of each, teacher-forced
     eval_limit: int = 100  # the evaluation subset excluded from calibration: first eval_limit of the
@@ -76,9 +81,10 @@ class DIMRObjectiveConfig:
         check_range("objective.min_skip", self.min_skip, 0.0, 1.0)
         check_range("objective.max_skip", self.max_skip, self.min_skip, 1.0)
         check_range("objective.ratio_weight", self.ratio_weight, 0.0)
+        check_range("objective.drafter_exit_layer", self.drafter_exit_layer, 1)
         check_range("objective.calibration_prompts", self.calibration_prompts, 1)
         check_range("objective.calibration_tokens", self.calibration_tokens, 1)
-        if self.objective != "kl" and self.encoding == "topk":
+        if self.objective in ("kl+ratio", "pareto") and self.encoding == "topk":
             raise ConfigError(f"objective.objective={self.objective} needs objective.encoding=bool "
                               "(topk skips exactly objective.skip layers, so the skip ratio cannot vary)")
         for mask in self.known_masks:
@@ -115,14 +121,17 @@ def calibration_sequences(target, tokenizer, num_prompts: int, new_tokens: int, 
 
 
 class MaskCost:
-    """KL(q || q_z) averaged over calibration positions; the full model's log-probs are computed once."""
+    """KL(q || q_z) averaged over calibration positions; the full model's log-probs are computed once.
+    With `drafter_layers` (objective=between): KL(p || q_z) + KL(q_z || q), p = that early exit."""
 
-    def __init__(self, target, sequences: list[list[int]]):
+    def __init__(self, target, sequences: list[list[int]], drafter_layers: Optional[int] = None):
         from decoding.target import TargetModel
 
         self.model, self.sequences = target.model, sequences
         self.num_layers = target.num_layers
         self.reference = [self._logprobs(TargetModel(self.model), seq) for seq in sequences]
+        self.drafter = None if drafter_layers is None else [
+            self._logprobs(TargetModel(self.model, layers=tuple(range(drafter_layers))), seq) for seq in sequences]
         self.cache: dict[tuple[int, ...], float] = {}
 
     @staticmethod
@@ -138,9 +147,13 @@ class MaskCost:
         if key not in self.cache:
             slim = TargetModel(self.model, layers=kept_layers(key, self.num_layers))
             total, count = 0.0, 0
-            for ref, seq in zip(self.reference, self.sequences):
+            for k, (ref, seq) in enumerate(zip(self.reference, self.sequences)):
                 logq = self._logprobs(slim, seq)
-                total += float((ref.exp() * (ref - logq)).sum())
+                if self.drafter is None:
+                    total += float((ref.exp() * (ref - logq)).sum())
+                else:  # KL(p || q_z) + KL(q_z || q)
+                    logp = self.drafter[k]
+                    total += float((logp.exp() * (logp - logq)).sum() + (logq.exp() * (logq - ref)).sum())
                 count += len(seq)
             self.cache[key] = total / count
         return self.cache[key]
@@ -227,7 +240,9 @@ def prepare(cfg) -> Context:
     t0 = time.perf_counter()
     seqs, ids = calibration_sequences(target, tokenizer, obj.calibration_prompts, obj.calibration_tokens,
                                       obj.eval_limit, obj.eval_subset_seed)
-    cost = MaskCost(target, seqs)
+    if obj.objective == "between" and obj.drafter_exit_layer >= L:
+        raise ConfigError(f"objective.drafter_exit_layer={obj.drafter_exit_layer}: model {cfg.model.name} has {L} layers")
+    cost = MaskCost(target, seqs, obj.drafter_exit_layer if obj.objective == "between" else None)
     calibration = {"num_layers": L, "calibration_ids": ids, "calibration_tokens": sum(map(len, seqs)),
                    "calibration_s": round(time.perf_counter() - t0, 1)}
     return Context(obj, cost, L, calibration)
@@ -320,6 +335,7 @@ def export(trial, ctx: Optional[Context], cfg) -> Path:
         "skip": obj.skip if obj.encoding == "topk" else len(skip), "skip_ratio": round(skip_ratio(skip, L), 4),
         **({"min_skip": obj.min_skip, "max_skip": obj.max_skip} if obj.encoding == "bool" else {}),
         **({"ratio_weight": obj.ratio_weight} if obj.objective == "kl+ratio" else {}),
+        **({"drafter_exit_layer": obj.drafter_exit_layer} if obj.objective == "between" else {}),
         "wall_s": round(calibration["calibration_s"] + search_s, 1),  # calibration + first trial start .. last end
         "calibration_s": calibration["calibration_s"], "search_s": round(search_s, 1),
         "trials_s": round(trials_s, 1),  # summed over trials (and workers)

@@ -164,3 +164,30 @@ def test_mask_file_round_trip_and_layer_count_check(tmp_path):
 def test_bad_dimr_options_give_one_line(overrides, expected):
     message = first_config_problem(["objective=dimr", *overrides], config_name="search")
     assert message is not None and message.startswith(expected) and "\n" not in message
+
+
+def test_between_cost_is_the_two_hop_kl_through_the_slim_model(six_layer_dir):
+    """objective=between: KL(p || q_z) + KL(q_z || q), p = the early exit (here after layer 0),
+    checked against log-probs computed directly; with nothing skipped it is KL(p || q)."""
+    from transformers import AutoModelForCausalLM
+
+    from decoding.target import TargetModel
+
+    model = AutoModelForCausalLM.from_pretrained(six_layer_dir, dtype=torch.float32).eval()
+    target = TargetModel(model)
+    seqs = [[10, 11, 12, 13, 14, 15, 16, 17], [20, 21, 22, 23, 24]]
+    n = sum(map(len, seqs))
+    plain, between = MaskCost(target, seqs), MaskCost(target, seqs, drafter_layers=1)
+
+    def logprobs(layers):
+        return [MaskCost._logprobs(TargetModel(model, layers=layers), s) for s in seqs]
+
+    def kl(a, b):
+        return sum(float((x.exp() * (x - y)).sum()) for x, y in zip(a, b)) / n
+
+    full, early = logprobs(tuple(range(LAYERS))), logprobs((0,))
+    assert between(()) == pytest.approx(kl(early, full), rel=1e-4)
+    skip = (2, 3)
+    slim = logprobs((0, 1, 4, 5))
+    assert between(skip) == pytest.approx(kl(early, slim) + kl(slim, full), rel=1e-4)
+    assert plain(skip) == pytest.approx(kl(full, slim), rel=1e-4)
