@@ -43,6 +43,8 @@ def methods(args):
     out.append(("via_sd", VIASD(VIASDConfig(**via), drafter=drafter)))
     if args.ablation:
         out.append(("via_sd[random]", VIASD(VIASDConfig(middle="random", **via), drafter=drafter)))
+    for mask in args.compare_masks:  # via_sd with other slim verifiers, same drafter and thresholds
+        out.append((f"via_sd[{mask}]", VIASD(VIASDConfig(**{**via, "mask": mask}), drafter=drafter)))
     return out
 
 
@@ -64,6 +66,8 @@ def main() -> None:
     ap.add_argument("--slim", type=float, default=0.5)
     ap.add_argument("--ablation", action="store_true", help="also run via_sd with a random mask")
     ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--compare-masks", nargs="*", default=[], help="extra via_sd rows with these routing masks")
+    ap.add_argument("--only", default="", help="comma-separated rows to run (e.g. ar,sd,via_sd); default: all")
     args = ap.parse_args()
 
     register_configs()
@@ -72,6 +76,9 @@ def main() -> None:
     model, tokenizer = load_model(rc.model)
     target = TargetModel(model, tokenizer)
     runs = methods(args)
+    if args.only:
+        keep = set(args.only.split(","))
+        runs = [(name, m) for name, m in runs if name in keep or name == "ar" or name.startswith("via_sd[")]
     for _, m in runs:
         m.setup(target)
     print(f"model={args.model} threads={torch.get_num_threads()} prompts/task={args.prompts} "
