@@ -1,8 +1,8 @@
 """Drafter-verifier benchmark on one model and machine, all methods in the same process: AR, sd,
 spec_cascade at several α and via_sd (and its random-mask ablation) with one shared drafter
-(`--drafter early_exit|slim`), plus sd with the other drafter kind. Per task: tokens/s, speedup vs AR, τ, rejection rate, full-target forwards per
-token, VIA-SD tier shares, quality next to AR's (gsm8k accuracy, humaneval pass@1; mt_bench has no
-automatic score).
+(`--drafter early_exit|slim`), plus sd with the other drafter kind. Per task: tokens/s, speedup vs
+AR, τ, rejection rate, full-target forwards per token, VIA-SD tier shares, quality next to AR's
+(gsm8k accuracy, humaneval pass@1; mt_bench has no automatic score).
 
     python benchmarks/bench_drafter_verifier.py --tasks gsm8k humaneval mt_bench --prompts 5 --max-new-tokens 128
 """
@@ -67,7 +67,8 @@ def main() -> None:
     ap.add_argument("--ablation", action="store_true", help="also run via_sd with a random mask")
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--compare-masks", nargs="*", default=[], help="extra via_sd rows with these routing masks")
-    ap.add_argument("--only", default="", help="comma-separated rows to run (e.g. ar,sd,via_sd); default: all")
+    ap.add_argument("--only", default="", help="comma-separated rows to run (e.g. ar,sd,via_sd; ar, --ablation and "
+                    "--compare-masks rows always run); default: all")
     args = ap.parse_args()
 
     register_configs()

@@ -141,17 +141,15 @@ class PTD(Method):
         self.steps += 1
         if cfg.context_subtrees:
             self.merge_context(state.sequence, len(result.committed))
-        recycled: list[tuple[int, int]] = []  # (node token, drafted next token) of the verification rows
+        drafted: list[tuple[int, int]] = []  # (parent token, drafted token) of every row this forward grew
         if cfg.recycle:
             tree = result.proposal.tree
             top = torch.topk(result.output.logits[: len(tree)], cfg.width, dim=-1).indices.tolist()
             for tok, nxt in zip(tree.tokens, top):
                 self.pool.merge(int(tok), {t: {} for t in nxt}, self.steps)
-                recycled += [(int(tok), t) for t in nxt]
+                drafted += [(int(tok), t) for t in nxt]
         forest = self.forest
-        if not len(forest):
-            record_redundancy(state.stats, *bigram_redundancy([], recycled))
-        else:
+        if len(forest):
             logp = torch.log_softmax(result.aux_logits()[: len(forest)], dim=-1)
             for i, n in enumerate(forest.nodes):  # refresh each edge's probability under the new root
                 if n.parent >= 0:
@@ -164,11 +162,11 @@ class PTD(Method):
             for i, n in enumerate(forest.nodes):  # extract: continuations of every node's token
                 if n.children:
                     self.pool.merge(n.token, forest.subtree(i), self.steps)
-            # redundancy over everything this forward drafted: the forest's edges and the recycled ones
-            record_redundancy(state.stats, *bigram_redundancy([], [*forest.edges(), *recycled]))
+            drafted += forest.edges()
             forest.slide(cfg.depth)
             if added == 0 and len(forest) >= cfg.drafting_budget:
                 forest.retire({min(forest.tops(), key=lambda t: forest.nodes[t].birth)})  # oldest subtree goes
-
+        # redundancy over everything this forward drafted: the recycled edges and the forest's
+        record_redundancy(state.stats, *bigram_redundancy([], drafted))
 
 CONFIG = PTDConfig

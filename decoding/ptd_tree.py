@@ -16,6 +16,7 @@ branches (leaves) per root, dropping the least recently refreshed first.
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 
 
@@ -210,8 +211,6 @@ def graft_branches(pool: TriePool, root: int, budget: int, max_depth: int) -> li
     joined, so the candidates go deeper than any single merged subtree). A child's cost is its
     rank among its siblings plus one per suffix token dropped; the `budget` cheapest paths win.
     Returns root-to-leaf branches, cheapest first."""
-    import heapq
-
     def children(path: list[int]) -> list[tuple[int, int]]:
         context = [root, *path]
         out: dict[int, int] = {}
@@ -240,10 +239,6 @@ def graft_branches(pool: TriePool, root: int, budget: int, max_depth: int) -> li
             for tok, c in children(path):
                 heapq.heappush(heap, (cost + c, counter, [*path, tok]))
                 counter += 1
-    paths = {tuple(p) for p in chosen}
-    return [p for p in chosen if not any((*p, t) in paths for t in _next_tokens(p, chosen))]
-
-
-def _next_tokens(path: list[int], chosen: list[list[int]]) -> set[int]:
-    n = len(path)
-    return {c[n] for c in chosen if len(c) == n + 1 and c[:n] == path}
+    # a parent is always chosen before its children, so the leaves are the paths nobody extends
+    parents = {tuple(p[:-1]) for p in chosen}
+    return [p for p in chosen if tuple(p) not in parents]

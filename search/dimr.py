@@ -232,6 +232,8 @@ def prepare(cfg) -> Context:
             raise ConfigError(f"objective.skip={obj.skip} ({obj.skip}/{L} = {obj.skip / L:.3f} of model "
                               f"{cfg.model.name}'s layers) is outside [objective.min_skip, objective.max_skip] = "
                               f"[{obj.min_skip}, {obj.max_skip}]: allowed skip counts are {counts}")
+    if obj.objective == "between" and obj.drafter_exit_layer >= L:
+        raise ConfigError(f"objective.drafter_exit_layer={obj.drafter_exit_layer}: model {cfg.model.name} has {L} layers")
     for mask in known_masks(L, obj.skip, obj.known_masks):  # checked here, before the calibration
         if not feasible(obj, mask, L):
             raise ConfigError(f"objective.known_masks: {list(mask)} skips {len(mask)} layers, " + (
@@ -240,8 +242,6 @@ def prepare(cfg) -> Context:
     t0 = time.perf_counter()
     seqs, ids = calibration_sequences(target, tokenizer, obj.calibration_prompts, obj.calibration_tokens,
                                       obj.eval_limit, obj.eval_subset_seed)
-    if obj.objective == "between" and obj.drafter_exit_layer >= L:
-        raise ConfigError(f"objective.drafter_exit_layer={obj.drafter_exit_layer}: model {cfg.model.name} has {L} layers")
     cost = MaskCost(target, seqs, obj.drafter_exit_layer if obj.objective == "between" else None)
     calibration = {"num_layers": L, "calibration_ids": ids, "calibration_tokens": sum(map(len, seqs)),
                    "calibration_s": round(time.perf_counter() - t0, 1)}

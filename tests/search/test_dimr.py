@@ -132,6 +132,8 @@ def test_pareto_study_has_two_directions_and_exports_the_best_kl_front_mask_reac
      "objective.skip=2 (2/6 = 0.333 of model tiny6's layers) is outside [objective.min_skip, objective.max_skip]"),
     (["objective.known_masks=[[1,2,3]]"], "objective.known_masks: [1, 2, 3] skips 3 layers, encoding=topk needs"),
     (["objective.known_masks=[[0,5]]"], "objective.known_masks: [0, 5] must list inner layers of 1..4"),
+    (["objective.objective=between", "objective.drafter_exit_layer=6"],
+     "objective.drafter_exit_layer=6: model tiny6 has 6 layers"),
 ])
 def test_settings_that_do_not_fit_the_model_stop_with_one_line(dimr_cfg, overrides, expected):
     with pytest.raises(ConfigError) as err:
