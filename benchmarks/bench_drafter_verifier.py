@@ -1,6 +1,7 @@
 """Drafter-verifier benchmark on one model and machine, all methods in the same process: AR, sd,
 spec_cascade at several α and via_sd (and its random-mask ablation) with one shared drafter
-(`--drafter early_exit|slim`), plus sd with the other drafter kind. Per task: tokens/s, speedup vs
+(`--drafter early_exit|exit_head|slim`; exit_head = the early exit with its trained tuned-lens head),
+plus sd with each other drafter kind. Per task: tokens/s, speedup vs
 AR, τ, rejection rate, full-target forwards per token, VIA-SD tier shares, quality next to AR's
 (gsm8k accuracy, humaneval pass@1; mt_bench has no automatic score).
 
@@ -30,12 +31,16 @@ from pipeline.tasks import aggregate_quality, load_examples
 
 
 def methods(args):
-    """sd, the cascades and via_sd share one drafter (--drafter); the other kind runs as sd[...]."""
-    early = DrafterConfig(exit_layer=args.exit_layer, gamma=args.gamma)
-    slim = DrafterConfig(name="slim", kind="slim", mask=args.drafter_mask or args.mask, gamma=args.gamma)
-    drafter, other = (early, slim) if args.drafter == "early_exit" else (slim, early)
-    out = [("ar", AR(ARConfig())), ("sd", SpeculativeDecoding(SDConfig(), drafter=drafter)),
-           (f"sd[{other.name}]", SpeculativeDecoding(SDConfig(), drafter=other))]
+    """sd, the cascades and via_sd share one drafter (--drafter); the other kinds run as sd[...]."""
+    head = args.exit_head or f"drafters/{args.model}/exit_head_k{args.exit_layer}"
+    kinds = {"early_exit": DrafterConfig(exit_layer=args.exit_layer, gamma=args.gamma),
+             "exit_head": DrafterConfig(name="exit_head", exit_layer=args.exit_layer, head=head, gamma=args.gamma),
+             "slim": DrafterConfig(name="slim", kind="slim", mask=args.drafter_mask or args.mask, gamma=args.gamma)}
+    if args.drafter != "exit_head" and not args.exit_head:  # the head row only when asked for
+        del kinds["exit_head"]
+    drafter = kinds.pop(args.drafter)
+    out = [("ar", AR(ARConfig())), ("sd", SpeculativeDecoding(SDConfig(), drafter=drafter))]
+    out += [(f"sd[{name}]", SpeculativeDecoding(SDConfig(), drafter=other)) for name, other in kinds.items()]
     for alpha in args.alphas:
         out.append((f"cascade[{args.rule},a={alpha:g}]",
                     SpeculativeCascade(SpecCascadeConfig(rule=args.rule, alpha=alpha), drafter=drafter)))
@@ -56,8 +61,10 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--exit-layer", type=int, default=6)
     ap.add_argument("--gamma", type=int, default=5)
-    ap.add_argument("--drafter", choices=["early_exit", "slim"], default="early_exit",
+    ap.add_argument("--drafter", choices=["early_exit", "exit_head", "slim"], default="early_exit",
                     help="the drafter of sd, the cascades and via_sd")
+    ap.add_argument("--exit-head", default=None, help="exit_head's checkpoint (default: "
+                    "drafters/<model>/exit_head_k<exit-layer>, written by python -m pipeline.train drafter=exit_head)")
     ap.add_argument("--mask", default="smollm2-135m-dimr", help="via_sd's routing mask (its slim verifier)")
     ap.add_argument("--drafter-mask", default=None, help="the slim drafter's mask (default: --mask)")
     ap.add_argument("--rule", default="opt")
@@ -84,7 +91,7 @@ def main() -> None:
         m.setup(target)
     print(f"model={args.model} threads={torch.get_num_threads()} prompts/task={args.prompts} "
           f"max_new_tokens={args.max_new_tokens} T={args.temperature} drafter={args.drafter} "
-          f"(early_exit k={args.exit_layer}, slim mask {args.drafter_mask or args.mask}) gamma={args.gamma} "
+          f"(early exit k={args.exit_layer}, slim mask {args.drafter_mask or args.mask}) gamma={args.gamma} "
           f"via_sd mask={args.mask}")
     for task_name in args.tasks:
         with initialize_config_module(config_module="conf", version_base="1.3"):

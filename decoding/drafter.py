@@ -2,7 +2,9 @@
 with its own KV cache that follows the committed sequence.
 
 Kinds (`drafter=` config group):
-- `early_exit`: the target's first k decoder layers + its final norm and lm_head (no weight copy);
+- `early_exit`: the target's first k decoder layers + its final norm and lm_head (no weight copy),
+  optionally with a trained exit head in front of the norm (`head`: a tuned-lens translator,
+  decoding/exit_head.py; `drafter=exit_head`);
 - `slim`: the target with the layers of a routing mask skipped (self-speculative layer skipping);
 - `model`: a separate small model that shares the target's tokenizer (qwen3-0.6b for qwen3-8b).
 """
@@ -27,6 +29,7 @@ class DrafterConfig:
     kind: str = "early_exit"  # early_exit | slim | model
     gamma: int = 5  # draft length γ (Narasimhan et al. use 5; Leviathan et al. sweep 1-10)
     exit_layer: int = 6  # early_exit: run decoder layers [0, exit_layer) (LayerSkip's E)
+    head: Optional[str] = None  # early_exit: a trained exit-head folder (python -m pipeline.train drafter=exit_head)
     mask: Optional[str] = None  # slim: routing-mask name in masks/ (or a path), e.g. the DIMR result
     model: Optional[ModelConfig] = None  # model: the separate draft model
 
@@ -36,6 +39,8 @@ class DrafterConfig:
         check_range("drafter.exit_layer", self.exit_layer, 1)
         if self.kind == "slim" and not self.mask:
             raise ConfigError("drafter.kind=slim needs drafter.mask (a routing-mask name from masks/)")
+        if self.head and self.kind != "early_exit":
+            raise ConfigError(f"drafter.head is for drafter.kind=early_exit, not {self.kind}")
         if self.kind == "model" and self.model is None:
             raise ConfigError("drafter.kind=model needs drafter.model (a model config)")
 
@@ -95,7 +100,12 @@ def build_drafter(cfg: DrafterConfig, target: TargetModel) -> Drafter:
         if cfg.exit_layer >= target.num_layers:
             raise ConfigError(f"drafter.exit_layer={cfg.exit_layer} must be below the target's "
                               f"{target.num_layers} layers")
-        return Drafter(TargetModel(target.model, target.tokenizer, layers=range(cfg.exit_layer)))
+        head = None
+        if cfg.head:
+            from decoding.exit_head import load_exit_head
+
+            head = load_exit_head(cfg.head, target, cfg.exit_layer)
+        return Drafter(TargetModel(target.model, target.tokenizer, layers=range(cfg.exit_layer), exit_head=head))
     if cfg.kind == "slim":
         skip = load_mask(cfg.mask, target.num_layers)
         return Drafter(TargetModel(target.model, target.tokenizer, layers=kept_layers(skip, target.num_layers)))

@@ -6,7 +6,8 @@ then compacts the cache to the prefix plus the rows that were accepted.
 
 Layer skipping: a wrapper can own a subset of the decoder layers (`layers=`: an early-exit drafter
 is the first k layers, a slim self-drafter the layers a routing mask keeps); it then runs embed ->
-those layers -> final norm -> lm_head with the model's own modules and its own cache. A single
+those layers -> final norm -> lm_head with the model's own modules and its own cache (an early
+exit may put a trained `exit_head` before the final norm, decoding/exit_head.py). A single
 forward can also run a subset of the wrapper's layers (`active_layers=`, the slim verifier of
 VIA-SD): such a pass only reads the cache, its block KV is dropped afterwards, because the KV of a
 layer fed by a slimmed residual stream is not the full model's KV (a later full pass recomputes it).
@@ -44,8 +45,9 @@ def additive_mask(visible: torch.Tensor, prefix_len: int, dtype: torch.dtype) ->
 class TargetModel:
     """Prefill, block/tree forwards with a custom mask, hidden-state taps, KV compaction."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer=None, layers=None):
+    def __init__(self, model: torch.nn.Module, tokenizer=None, layers=None, exit_head: torch.nn.Module | None = None):
         self.model = model.eval()
+        self.exit_head = exit_head  # applied to the last layer's output, before the final norm
         self.tokenizer = tokenizer
         self.config = model.config
         self.device = next(model.parameters()).device
@@ -154,7 +156,7 @@ class TargetModel:
         return self.forward(tokens, depths, None if is_chain else tree.ancestor_mask(), hidden_layers)
 
     def _run(self, tokens, positions, mask, hidden_layers, last_only: bool = False, layers=None) -> ForwardOutput:
-        if layers is not None and len(layers) < self.num_layers:
+        if self.exit_head is not None or (layers is not None and len(layers) < self.num_layers):
             return self._run_layers(tokens, positions, mask, hidden_layers, last_only, layers)
         kwargs = {
             "input_ids": tokens[None],
@@ -196,4 +198,6 @@ class TargetModel:
                 hidden[i] = h[0]
         if last_only:
             h = h[:, -1:]
+        if self.exit_head is not None:
+            h = self.exit_head(h)
         return ForwardOutput(head(stack.norm(h))[0].float(), hidden)

@@ -24,7 +24,8 @@ Cost (`objective`):
   mask is the lowest-KL trial of the Pareto front that skips at least `skip` layers (the target);
   if no front trial reaches it, the front trial that skips the most layers.
 - `between`: minimise KL(p || q_z) + KL(q_z || q), p = the early-exit drafter (the target's first
-  `drafter_exit_layer` layers + norm + head): the paper's KL geometry (KL(p||q) = KL(p||q') +
+  `drafter_exit_layer` layers + norm + head, with the trained exit head `drafter_head` if one is
+  given, as decoding does with `drafter=exit_head`): the paper's KL geometry (KL(p||q) = KL(p||q') +
   KL(q'||q) for an I-projection) read as "put q' between the drafter and the target", so that
   drafts pass q' more often than q while q' stays close to q (research/viasd.md §1, our reading).
 
@@ -65,6 +66,7 @@ class DIMRObjectiveConfig:
     max_skip: float = 0.3  # encoding=bool: highest allowed skip ratio |z| / L
     ratio_weight: float = 1.0  # λ of objective=kl+ratio: KL + λ * (1 - skip ratio)
     drafter_exit_layer: int = 6  # objective=between: the early-exit drafter p (conf/drafter/early_exit.yaml's k)
+    drafter_head: Optional[str] = None  # objective=between: p's trained exit head (conf/drafter/exit_head.yaml's head)
     calibration_prompts: int = 4  # GSM8K questions outside the evaluation subset
     calibration_tokens: int = 48  # the target's greedy continuation of each, teacher-forced
     eval_limit: int = 100  # the evaluation subset excluded from calibration: first eval_limit of the
@@ -122,16 +124,15 @@ def calibration_sequences(target, tokenizer, num_prompts: int, new_tokens: int, 
 
 class MaskCost:
     """KL(q || q_z) averaged over calibration positions; the full model's log-probs are computed once.
-    With `drafter_layers` (objective=between): KL(p || q_z) + KL(q_z || q), p = that early exit."""
+    With a `drafter` (objective=between; a TargetModel, e.g. an early exit): KL(p || q_z) + KL(q_z || q)."""
 
-    def __init__(self, target, sequences: list[list[int]], drafter_layers: Optional[int] = None):
+    def __init__(self, target, sequences: list[list[int]], drafter=None):
         from decoding.target import TargetModel
 
         self.model, self.sequences = target.model, sequences
         self.num_layers = target.num_layers
         self.reference = [self._logprobs(TargetModel(self.model), seq) for seq in sequences]
-        self.drafter = None if drafter_layers is None else [
-            self._logprobs(TargetModel(self.model, layers=tuple(range(drafter_layers))), seq) for seq in sequences]
+        self.drafter = None if drafter is None else [self._logprobs(drafter, seq) for seq in sequences]
         self.cache: dict[tuple[int, ...], float] = {}
 
     @staticmethod
@@ -234,6 +235,13 @@ def prepare(cfg) -> Context:
                               f"[{obj.min_skip}, {obj.max_skip}]: allowed skip counts are {counts}")
     if obj.objective == "between" and obj.drafter_exit_layer >= L:
         raise ConfigError(f"objective.drafter_exit_layer={obj.drafter_exit_layer}: model {cfg.model.name} has {L} layers")
+    drafter = None  # p of objective=between, built (and its exit head loaded) before the calibration
+    if obj.objective == "between":
+        from decoding.exit_head import load_exit_head
+
+        head = load_exit_head(obj.drafter_head, target, obj.drafter_exit_layer, "objective.drafter_head") \
+            if obj.drafter_head else None
+        drafter = TargetModel(model, layers=range(obj.drafter_exit_layer), exit_head=head)
     for mask in known_masks(L, obj.skip, obj.known_masks):  # checked here, before the calibration
         if not feasible(obj, mask, L):
             raise ConfigError(f"objective.known_masks: {list(mask)} skips {len(mask)} layers, " + (
@@ -242,7 +250,7 @@ def prepare(cfg) -> Context:
     t0 = time.perf_counter()
     seqs, ids = calibration_sequences(target, tokenizer, obj.calibration_prompts, obj.calibration_tokens,
                                       obj.eval_limit, obj.eval_subset_seed)
-    cost = MaskCost(target, seqs, obj.drafter_exit_layer if obj.objective == "between" else None)
+    cost = MaskCost(target, seqs, drafter)
     calibration = {"num_layers": L, "calibration_ids": ids, "calibration_tokens": sum(map(len, seqs)),
                    "calibration_s": round(time.perf_counter() - t0, 1)}
     return Context(obj, cost, L, calibration)
@@ -335,7 +343,8 @@ def export(trial, ctx: Optional[Context], cfg) -> Path:
         "skip": obj.skip if obj.encoding == "topk" else len(skip), "skip_ratio": round(skip_ratio(skip, L), 4),
         **({"min_skip": obj.min_skip, "max_skip": obj.max_skip} if obj.encoding == "bool" else {}),
         **({"ratio_weight": obj.ratio_weight} if obj.objective == "kl+ratio" else {}),
-        **({"drafter_exit_layer": obj.drafter_exit_layer} if obj.objective == "between" else {}),
+        **({"drafter_exit_layer": obj.drafter_exit_layer, "drafter_head": obj.drafter_head}
+           if obj.objective == "between" else {}),
         "wall_s": round(calibration["calibration_s"] + search_s, 1),  # calibration + first trial start .. last end
         "calibration_s": calibration["calibration_s"], "search_s": round(search_s, 1),
         "trials_s": round(trials_s, 1),  # summed over trials (and workers)

@@ -118,3 +118,19 @@ def tiny_drafter():
         return model.eval()
 
     return make
+
+
+@pytest.fixture
+def random_exit_head():
+    """Factory: a tuned-lens exit head (decoding/exit_head.py) with random, non-zero weights."""
+    from decoding.exit_head import ExitTranslator
+
+    def make(hidden: int, seed: int = 0) -> ExitTranslator:
+        head = ExitTranslator(hidden)
+        gen = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            head.proj.weight.copy_(0.3 * torch.randn(hidden, hidden, generator=gen))
+            head.proj.bias.copy_(0.3 * torch.randn(hidden, generator=gen))
+        return head
+
+    return make

@@ -1,4 +1,4 @@
-"""`python -m pipeline.train drafter=dflash|domino [model=...]`: train a block drafter for a target."""
+"""`python -m pipeline.train drafter=dflash|domino|exit_head [model=...]`: train a drafter for a target."""
 
 from __future__ import annotations
 

@@ -28,7 +28,7 @@ class DataConfig:
 
 @dataclass
 class DrafterTrainConfig:
-    kind: str = "dflash"  # dflash | domino (Domino head + backbone fine-tuned from a DFlash checkpoint)
+    kind: str = "dflash"  # dflash | domino (Domino head + backbone fine-tuned from a DFlash checkpoint) | exit_head
     out_dir: str = "drafters/${model.name}/${.kind}"  # published-format safetensors + config.json
     state_dir: str = "outputs/drafter_train/${model.name}/${.kind}"  # resumable optimizer state
     init_from: Optional[str] = None  # domino: the DFlash checkpoint to start from
@@ -53,9 +53,13 @@ class DrafterTrainConfig:
     checkpoint_every: int = 25
     val_sequences: int = 16
     seed: int = 0
+    exit_layer: int = 6  # exit_head: the early exit it translates (decoder layers [0, exit_layer))
+    tokens_per_step: int = 1024  # exit_head: positions per optimizer step
 
     def __post_init__(self) -> None:
-        check_choice("drafter.kind", self.kind, ("dflash", "domino"))
+        check_choice("drafter.kind", self.kind, ("dflash", "domino", "exit_head"))
+        check_range("drafter.exit_layer", self.exit_layer, 1)
+        check_range("drafter.tokens_per_step", self.tokens_per_step, 1)
         check_range("drafter.block_size", self.block_size, 2)
         check_range("drafter.lambda_start", self.lambda_start, 0.0, 1.0)
         check_range("drafter.lambda_end", self.lambda_end, 0.0, 1.0)

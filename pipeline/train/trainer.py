@@ -1,5 +1,5 @@
 """The drafter training loop: data (built once, resumable), a fresh DFlash drafter or a Domino head
-on a trained DFlash backbone, AdamW with warm-up + cosine decay, resumable checkpoints, a progress
+on a trained DFlash backbone (the exit head of the early-exit drafter: pipeline/train/exit_head.py), AdamW with warm-up + cosine decay, resumable checkpoints, a progress
 bar, W&B logging, and an export in the published checkpoint layout after every checkpoint."""
 
 from __future__ import annotations
@@ -122,6 +122,13 @@ def validate(model, embed, lm_head, samples, cfg) -> dict:
     return {f"val/{k}": v for k, v in totals.items()}
 
 
+def progress_bar(d, step: int, show: bool,
+                 fields: str = "loss {task.fields[loss]:.3f}  acc_len {task.fields[acc]:.2f}"):
+    progress = Progress(TextColumn(f"[bold]train {d.kind}"), BarColumn(), MofNCompleteColumn(), TextColumn(fields),
+                        TimeElapsedColumn(), disable=not show)
+    return progress, progress.add_task("train", total=d.steps, completed=step, loss=0.0, acc=0.0)
+
+
 def make_wandb(cfg: TrainConfig, run_config: dict, state_dir: Path):
     if cfg.tracker.kind == "none":
         return None
@@ -136,6 +143,10 @@ def train(cfg: TrainConfig, run_config: dict, show_progress: bool = True) -> dic
     d = cfg.drafter
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    if d.kind == "exit_head":
+        from pipeline.train.exit_head import train_exit_head
+
+        return train_exit_head(cfg, run_config, show_progress)
     state_dir, out_dir = Path(d.state_dir), Path(d.out_dir)
     state_dir.mkdir(parents=True, exist_ok=True)
 
@@ -180,10 +191,7 @@ def train(cfg: TrainConfig, run_config: dict, show_progress: bool = True) -> dic
         model.train()
         return metrics
 
-    progress = Progress(TextColumn(f"[bold]train {d.kind}"), BarColumn(), MofNCompleteColumn(),
-                        TextColumn("loss {task.fields[loss]:.3f}  acc_len {task.fields[acc]:.2f}"), TimeElapsedColumn(),
-                        disable=not show_progress)
-    task = progress.add_task("train", total=d.steps, completed=step, loss=0.0, acc=0.0)
+    progress, task = progress_bar(d, step, show_progress)
     budget_s = d.time_budget_min * 60
     with progress:
         while step < d.steps and elapsed < budget_s:

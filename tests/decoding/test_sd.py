@@ -9,6 +9,7 @@ import pytest
 from decoding.ar import AR
 from decoding.drafter import DrafterConfig
 from decoding.engine import generate
+from decoding.exit_head import save_exit_head
 from decoding.routing import save_mask
 from decoding.sd import SDConfig, SpeculativeDecoding
 from pipeline.models import ModelConfig
@@ -20,20 +21,22 @@ def make_sd(target, drafter: DrafterConfig) -> SpeculativeDecoding:
     return method
 
 
-def drafter_configs(tmp_path, tiny_model_dirs):
+def drafter_configs(tmp_path, tiny_model_dirs, exit_head):
     mask = tmp_path / "mask.json"
     save_mask(mask, [1, 2], num_layers=4)
+    save_exit_head(exit_head, tmp_path / "head", exit_layer=2)
     return [
         DrafterConfig(kind="early_exit", exit_layer=2, gamma=4),
+        DrafterConfig(kind="early_exit", exit_layer=2, gamma=4, head=str(tmp_path / "head")),
         DrafterConfig(kind="slim", mask=str(mask), gamma=3),
         DrafterConfig(kind="model", gamma=5, model=ModelConfig(name="tiny-qwen3", path=str(tiny_model_dirs["qwen3"]))),
     ]
 
 
-def test_greedy_equals_ar_over_random_prompts(tiny_target, tmp_path, tiny_model_dirs):
+def test_greedy_equals_ar_over_random_prompts(tiny_target, tmp_path, tiny_model_dirs, random_exit_head):
     rng = random.Random(0)
     prompts = [[rng.randrange(6, 90) for _ in range(rng.randrange(2, 12))] for _ in range(4)]
-    for cfg in drafter_configs(tmp_path, tiny_model_dirs):
+    for cfg in drafter_configs(tmp_path, tiny_model_dirs, random_exit_head(tiny_target.config.hidden_size)):
         sd = make_sd(tiny_target, cfg)
         for prompt in prompts:
             ar = generate(AR(), tiny_target, prompt, max_new_tokens=20).new_tokens

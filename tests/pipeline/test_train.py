@@ -76,3 +76,27 @@ def test_bad_train_config_names_the_field():
     with pytest.raises(Exception) as err:
         compose_train(["drafter.kind=foo"])
     assert any(isinstance(e, ConfigError) and "drafter.kind='foo' is not allowed" in str(e) for e in chain(err.value))
+
+
+def test_exit_head_training_lowers_val_kl_and_loads_as_a_drafter(tiny_model_dirs, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from decoding.drafter import DrafterConfig, build_drafter
+    from decoding.target import TargetModel
+    from pipeline.train.trainer import train
+
+    overrides = tiny_overrides(tiny_model_dirs["llama"], tmp_path, "exit_head", steps=40)
+    overrides = [o for o in overrides if not o.startswith(("drafter.steps", "drafter.checkpoint_every"))]
+    cfg = compose_train(overrides + ["drafter.steps=40", "drafter.checkpoint_every=20", "drafter.exit_layer=1",
+                                     "drafter.lr=0.01", "drafter.tokens_per_step=64"])
+    summary = train(cfg, {}, show_progress=False)
+    assert summary["steps"] == 40 and summary["exit_layer"] == 1
+    # the head starts as the plain early exit (A = b = 0); distillation must bring it closer to the target
+    assert summary["val/kl"] < summary["early_exit/kl"]
+    assert summary["val/accept_t1"] > summary["early_exit/accept_t1"]
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dirs["llama"], dtype=torch.float32)
+    target = TargetModel(model)
+    drafter = build_drafter(DrafterConfig(exit_layer=1, head=str(tmp_path / "exit_head")), target)
+    assert drafter.lm.layers == (0,) and drafter.lm.exit_head is not None
+    with pytest.raises(ConfigError, match="trained for exit layer 1"):
+        build_drafter(DrafterConfig(exit_layer=2, head=str(tmp_path / "exit_head")), target)

@@ -134,6 +134,8 @@ def test_pareto_study_has_two_directions_and_exports_the_best_kl_front_mask_reac
     (["objective.known_masks=[[0,5]]"], "objective.known_masks: [0, 5] must list inner layers of 1..4"),
     (["objective.objective=between", "objective.drafter_exit_layer=6"],
      "objective.drafter_exit_layer=6: model tiny6 has 6 layers"),
+    (["objective.objective=between", "objective.drafter_exit_layer=2", "objective.drafter_head=/no/such/head"],
+     "objective.drafter_head=/no/such/head: no exit-head checkpoint there"),
 ])
 def test_settings_that_do_not_fit_the_model_stop_with_one_line(dimr_cfg, overrides, expected):
     with pytest.raises(ConfigError) as err:
@@ -179,7 +181,7 @@ def test_between_cost_is_the_two_hop_kl_through_the_slim_model(six_layer_dir):
     target = TargetModel(model)
     seqs = [[10, 11, 12, 13, 14, 15, 16, 17], [20, 21, 22, 23, 24]]
     n = sum(map(len, seqs))
-    plain, between = MaskCost(target, seqs), MaskCost(target, seqs, drafter_layers=1)
+    plain, between = MaskCost(target, seqs), MaskCost(target, seqs, TargetModel(model, layers=(0,)))
 
     def logprobs(layers):
         return [MaskCost._logprobs(TargetModel(model, layers=layers), s) for s in seqs]

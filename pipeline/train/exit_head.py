@@ -1,0 +1,149 @@
+"""Training of the early-exit drafter's exit head (decoding/exit_head.py): a tuned-lens translator
+on the residual stream after the first `exit_layer` decoder layers, distilled from the full target.
+
+Data: the same answer shards as the block drafters (pipeline/train/data.py; the target's greedy
+answers to training prompts that are disjoint from every evaluation prompt). The shards tap other
+layers, so one teacher-forced forward per sequence recomputes what this head needs: the residual
+stream at `exit_layer` (its input) and the final-norm output (the teacher's logits are that times
+lm_head, recomputed per step instead of stored: V floats per token would not fit). Positions are the
+ones decoding drafts from, the last prompt token to the last-but-one answer token.
+
+Loss: KL(q || p) at T=1 over a random batch of `tokens_per_step` positions, the tuned-lens objective.
+Validation (held-out sequences) reports, for the trained head and for the plain early exit (the
+untrained head, A = b = 0): KL, the top-1 agreement with the target (greedy acceptance per token)
+and E[sum min(p, q)] (acceptance per token of speculative sampling at T=1).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from decoding.exit_head import ExitTranslator, save_exit_head
+from pipeline.errors import ConfigError
+from pipeline.models import load_model, stop_token_ids
+from pipeline.train.config import TrainConfig
+from pipeline.train.data import build_dataset, load_samples
+from pipeline.train.prompts import training_prompts
+
+log = logging.getLogger(__name__)
+
+
+@torch.no_grad()
+def exit_features(model, samples: list[dict], exit_layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(residual stream after `exit_layer` layers, final-norm output), each [N, H], over the drafting
+    positions of every sample."""
+    inputs, finals = [], []
+    for s in samples:
+        out = model(input_ids=s["ids"][None], output_hidden_states=True)
+        rows = slice(s["prompt_len"] - 1, len(s["ids"]) - 1)
+        # hidden_states[k] is the output of decoder layer k - 1; the last entry is after the final norm
+        inputs.append(out.hidden_states[exit_layer][0, rows].float())
+        finals.append(out.hidden_states[-1][0, rows].float())
+    return torch.cat(inputs), torch.cat(finals)
+
+
+def head_logits(model, head, h: torch.Tensor) -> torch.Tensor:
+    return model.get_output_embeddings()(model.model.norm(head(h)))
+
+
+@torch.no_grad()
+def evaluate_head(model, head, inputs, finals, chunk: int = 512) -> dict:
+    totals = {"kl": 0.0, "top1": 0.0, "accept_t1": 0.0}
+    lm_head = model.get_output_embeddings()
+    for first in range(0, len(inputs), chunk):
+        logq = torch.log_softmax(lm_head(finals[first:first + chunk]).float(), -1)
+        logp = torch.log_softmax(head_logits(model, head, inputs[first:first + chunk]).float(), -1)
+        totals["kl"] += float((logq.exp() * (logq - logp)).sum())
+        totals["top1"] += float((logq.argmax(-1) == logp.argmax(-1)).sum())
+        totals["accept_t1"] += float(torch.minimum(logq.exp(), logp.exp()).sum())
+    return {k: v / max(len(inputs), 1) for k, v in totals.items()}
+
+
+def train_exit_head(cfg: TrainConfig, run_config: dict, show_progress: bool = True) -> dict:
+    from pipeline.train.trainer import learning_rate, make_wandb, progress_bar
+
+    d = cfg.drafter
+    state_dir, out_dir = Path(d.state_dir), Path(d.out_dir)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    target, tokenizer = load_model(cfg.model)
+    target.requires_grad_(False)
+    if not 1 <= d.exit_layer < target.config.num_hidden_layers:
+        raise ConfigError(f"drafter.exit_layer={d.exit_layer}: model {cfg.model.name} has "
+                          f"{target.config.num_hidden_layers} layers (the exit must be before the last)")
+
+    prompts = training_prompts(cfg.data.num_prompts, cfg.data.seed)
+    paths = build_dataset(target, tokenizer, prompts, list(d.target_layer_ids), Path(cfg.data.dir),
+                          cfg.data.batch_size, cfg.data.max_new_tokens, stop_token_ids(target, tokenizer),
+                          progress=lambda i, n: log.info("data: shard %d/%d", i, n))
+    samples = load_samples(paths)
+    random.Random(cfg.data.seed).shuffle(samples)
+    val_in, val_final = exit_features(target, samples[:d.val_sequences], d.exit_layer)
+    train_in, train_final = exit_features(target, samples[d.val_sequences:], d.exit_layer)
+    if len(train_in) == 0:
+        raise ConfigError("drafter=exit_head: no training positions (raise data.num_prompts or lower drafter.val_sequences)")
+
+    torch.manual_seed(d.seed)
+    head = ExitTranslator(target.config.hidden_size)
+    baseline = {f"early_exit/{k}": v for k, v in evaluate_head(target, head, val_in, val_final).items()}
+    optimizer = torch.optim.AdamW(head.parameters(), lr=d.lr, weight_decay=0.0)
+    step, elapsed = 0, 0.0
+    resume_path = state_dir / "train_state.pt"
+    if resume_path.exists():
+        saved = torch.load(resume_path, weights_only=False)
+        head.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        step, elapsed = saved["step"], saved["elapsed_s"]
+        log.info("resumed at step %d (%.0f s trained)", step, elapsed)
+    gen = torch.Generator().manual_seed(d.seed * 1000 + step)
+    wb = make_wandb(cfg, run_config, state_dir)
+    lm_head = target.get_output_embeddings()
+
+    def checkpoint() -> None:
+        torch.save({"model": head.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
+                    "elapsed_s": elapsed}, resume_path.with_suffix(".tmp"))
+        resume_path.with_suffix(".tmp").rename(resume_path)
+        save_exit_head(head, out_dir, d.exit_layer)
+
+    progress, task = progress_bar(d, step, show_progress, fields="loss {task.fields[loss]:.3f}")
+    with progress:
+        while step < d.steps and elapsed < d.time_budget_min * 60:
+            t0 = time.perf_counter()
+            for group in optimizer.param_groups:
+                group["lr"] = learning_rate(step, d)
+            rows = torch.randint(len(train_in), (min(d.tokens_per_step, len(train_in)),), generator=gen)
+            with torch.no_grad():
+                logq = torch.log_softmax(lm_head(train_final[rows]), -1)
+            logp = torch.log_softmax(head_logits(target, head, train_in[rows]), -1)
+            loss = F.kl_div(logp, logq, log_target=True, reduction="batchmean")  # KL(q || p)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
+            optimizer.step()
+            step += 1
+            elapsed += time.perf_counter() - t0
+            progress.update(task, completed=step, loss=float(loss.detach()))
+            logged = {"train/kl": float(loss.detach()), "train/lr": optimizer.param_groups[0]["lr"]}
+            if step % d.checkpoint_every == 0:
+                checkpoint()
+                logged |= {f"val/{k}": v for k, v in evaluate_head(target, head, val_in, val_final).items()}
+                log.info("step %d: %s", step, {k: round(v, 4) for k, v in logged.items()})
+            if wb is not None:
+                wb.log(logged, step=step)
+    checkpoint()
+    final = {f"val/{k}": v for k, v in evaluate_head(target, head, val_in, val_final).items()}
+    summary = {"kind": d.kind, "exit_layer": d.exit_layer, "steps": step, "train_minutes": round(elapsed / 60, 1),
+               "train_positions": len(train_in), "val_positions": len(val_in),
+               **{k: round(v, 4) for k, v in (final | baseline).items()}}
+    (out_dir / "training.json").write_text(json.dumps(summary, indent=2))
+    if wb is not None:
+        wb.summary.update(summary)
+        wb.finish()
+    log.info("trained exit head: %s", summary)
+    return summary
