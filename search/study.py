@@ -18,7 +18,8 @@ The study lives in an Optuna JournalStorage file (or an RDB URL), created with l
 killed search resumes where it stopped and several workers (Slurm array tasks: `worker` defaults to
 SLURM_ARRAY_TASK_ID) share one study; `n_trials` counts completed (or pruned) trials of all workers together. A
 trial left RUNNING by a killed run of the same worker is marked failed on restart (an enqueued
-parameter set is enqueued again). Samplers: tpe (Bayesian), random, gp, seeded by seed + worker.
+parameter set is enqueued again). A study remembers its model and objective settings: resuming it
+with others (another drafter, calibration set, search space...) stops with one error. Samplers: tpe (Bayesian), random, gp, seeded by seed + worker.
 Every finished trial is logged to the tracker (W&B offline by default); a progress bar shows it.
 """
 
@@ -125,6 +126,16 @@ def make_storage(cfg: StudyConfig):
     return JournalStorage(JournalFileBackend(str(path)))
 
 
+def study_settings(cfg: StudyConfig) -> dict:
+    """What a trial's value depends on: the model and every objective field but the export target and
+    the parameter sets tried first (those only seed a new study)."""
+    import dataclasses
+
+    objective = dataclasses.asdict(cfg.objective) if dataclasses.is_dataclass(cfg.objective) else dict(cfg.objective)
+    settings = {"model": cfg.model.name, **{f"objective.{k}": v for k, v in objective.items() if not k.startswith("export") and k not in ("enqueue", "known_masks")}}
+    return json.loads(json.dumps(settings, default=str))
+
+
 def open_study(cfg: StudyConfig, directions: list[str]):
     import optuna
 
@@ -132,6 +143,14 @@ def open_study(cfg: StudyConfig, directions: list[str]):
                                 directions=directions, sampler=make_sampler(cfg.sampler, cfg.seed + cfg.worker))
     if list(study.directions) != [optuna.study.StudyDirection[d.upper()] for d in directions]:
         raise ConfigError(f"study {cfg.study_name!r} exists with other directions; choose another study_name")
+    # a resumed study must score trials the same way, or its best trial would mix two costs
+    settings, saved = study_settings(cfg), study.user_attrs.get("settings")
+    if saved is None:
+        study.set_user_attr("settings", settings)
+    elif saved != settings:
+        changed = sorted(k for k in settings.keys() | saved.keys() if settings.get(k) != saved.get(k))
+        raise ConfigError(f"study {cfg.study_name!r} exists with other settings ({', '.join(changed)}); "
+                          "choose another study_name (or objective.metric) or remove its storage")
     return study
 
 

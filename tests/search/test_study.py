@@ -11,6 +11,7 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
 from pipeline.cli import first_config_problem
+from pipeline.errors import ConfigError
 from search.study import register_configs, run_study, suggest
 
 register_configs()
@@ -25,7 +26,7 @@ def compose_search(overrides):
 
 @pytest.fixture
 def study_cfg(tiny_model_dirs, tmp_path):
-    def make(n_trials, metric="tau_per_cost"):
+    def make(n_trials, metric="tau_per_cost", *extra):
         return compose_search([
             "model.name=tiny", f"model.path={tiny_model_dirs['llama']}", "model.source=hub", "tracker=none",
             f"n_trials={n_trials}", "sampler=random", f"storage={tmp_path / 'ptd.journal'}", "study_name=t",
@@ -34,7 +35,7 @@ def study_cfg(tiny_model_dirs, tmp_path):
             "objective.params.depth.high=4", "objective.params.drafting_budget.high=12",
             "objective.params.verification_budget.high=8",
             "objective.enqueue=[{width:2,depth:3,num_seeds:2,seed_mode:context,pool_size:4,verification_budget:6,"
-            "drafting_budget:8,context_subtrees:true,recycle:true,graft:true,candidate_depth:4}]",
+            "drafting_budget:8,context_subtrees:true,recycle:true,graft:true,candidate_depth:4}]", *extra,
         ])
     return make
 
@@ -61,6 +62,9 @@ def test_study_runs_resumes_after_a_kill_and_exports_a_loadable_method(study_cfg
     assert {n: study.trials[n].params for n in done} == done  # finished trials were not re-run
     assert study.trials[killed.number].state == optuna.trial.TrialState.FAIL
     assert run_study(study_cfg(3))["finished_trials"] == 3  # complete: nothing more runs
+    # resuming with another cost (here: a different calibration set) would mix two costs in one study
+    with pytest.raises(ConfigError, match=r"study 't' exists with other settings \(objective.calibration_prompts\)"):
+        run_study(study_cfg(4, "tau_per_cost", "objective.calibration_prompts=3"))
 
     exported = tmp_path / "conf" / "method" / "ptd_t.yaml"
     values = yaml.safe_load(exported.read_text())
