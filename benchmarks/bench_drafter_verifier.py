@@ -6,12 +6,13 @@ AR, τ, rejection rate, full-target forwards per token, VIA-SD tier shares, qual
 (gsm8k accuracy, humaneval pass@1; mt_bench has no automatic score).
 
     python benchmarks/bench_drafter_verifier.py --tasks gsm8k humaneval mt_bench --prompts 5 --max-new-tokens 128
+    python benchmarks/bench_drafter_verifier.py --drafter exit_head --only "sd,cascade[opt,a=0.05],via_sd"
 """
 
 from __future__ import annotations
 
 import argparse
-import time
+import re
 
 import torch
 from hydra import compose, initialize_config_module
@@ -85,7 +86,7 @@ def main() -> None:
     target = TargetModel(model, tokenizer)
     runs = methods(args)
     if args.only:
-        keep = set(args.only.split(","))
+        keep = set(re.split(r",(?![^\[]*\])", args.only))  # commas inside cascade[opt,a=0.05] stay
         runs = [(name, m) for name, m in runs if name in keep or name == "ar" or name.startswith("via_sd[")]
     for _, m in runs:
         m.setup(target)

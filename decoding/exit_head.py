@@ -52,7 +52,7 @@ def read_exit_head(path: str, dtype: torch.dtype = torch.float32, field: str = "
         state = load_file(str(folder / "model.safetensors"))
     except FileNotFoundError:
         raise ConfigError(f"{field}={path}: no exit-head checkpoint there (train one with "
-                          f"`python -m pipeline.train drafter=exit_head`)") from None
+                          f"`python -m pipeline.train drafter=exit_head drafter.exit_layer=<k>`)") from None
     except (json.JSONDecodeError, OSError, ValueError) as err:
         raise ConfigError(f"{field}={path}: unreadable exit-head checkpoint ({err})") from None
     if config.get("kind") != HEAD_KIND or not {"exit_layer", "hidden_size"} <= set(config):

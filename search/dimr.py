@@ -350,7 +350,8 @@ def export(trial, ctx: Optional[Context], cfg) -> Path:
         "trials_s": round(trials_s, 1),  # summed over trials (and workers)
         "calibration_ids": calibration["calibration_ids"], "calibration_tokens": calibration["calibration_tokens"],
         "best_so_far": curve, "known_masks": known})
-    print(f"mask {obj.export_name}: skip {skip}  KL(q||q_z)={kl:.4f}  trials={len(done)}  "
+    label = "KL(p||q_z)+KL(q_z||q)" if obj.objective == "between" else "KL(q||q_z)"
+    print(f"mask {obj.export_name}: skip {skip}  {label}={kl:.4f}  trials={len(done)}  "
           f"wall {calibration['calibration_s'] + search_s:.0f}s (calibration {calibration['calibration_s']:.0f}s)")
     print("best-so-far cost curve:", " ".join("-" if c is None else f"{c:.3f}" for c in curve))
     return path
