@@ -49,3 +49,25 @@ def test_prompt_lookup_greedy_equals_ar(real_target):
     state = generate(PromptLookup(PLDConfig()), real_target, prompt, max_new_tokens=40)
     assert state.new_tokens == ar
     assert state.stats.num_accepted_tokens > 0  # the drafts were exercised, not just rejected
+
+
+@pytest.mark.slow
+def test_shipped_smollm2_exit_head_is_lossless_and_drafts_better_than_the_plain_exit(real_target):
+    """drafters/smollm2-135m/exit_head_k6 (python -m pipeline.train drafter=exit_head): sd with it is
+    still greedy = AR, and it accepts more drafts than the untrained early exit of the same depth."""
+    from decoding.drafter import DrafterConfig
+    from decoding.sd import SDConfig, SpeculativeDecoding
+
+    if real_target.config.model_type != "llama":
+        pytest.skip("the shipped exit head is SmolLM2-135M's")
+    tok = real_target.tokenizer
+    prompt = tok("Q: Tom has 3 apples and buys 5 more. How many apples does he have?\nA: Tom has")["input_ids"]
+    ar = generate(AR(), real_target, prompt, max_new_tokens=32).new_tokens
+    accepted = {}
+    for name, head in (("plain", None), ("head", "drafters/smollm2-135m/exit_head_k6")):
+        sd = SpeculativeDecoding(SDConfig(), drafter=DrafterConfig(exit_layer=6, head=head))
+        sd.setup(real_target)
+        state = generate(sd, real_target, prompt, max_new_tokens=32)
+        assert state.new_tokens == ar, name
+        accepted[name] = state.stats.num_accepted_tokens
+    assert accepted["head"] > accepted["plain"]
