@@ -43,7 +43,8 @@ def save_exit_head(head: ExitTranslator, out_dir: Path, exit_layer: int) -> None
     (out_dir / "config.json").write_text(json.dumps(config, indent=2))
 
 
-def read_exit_head(path: str, dtype: torch.dtype = torch.float32, field: str = "drafter.head") -> tuple[ExitTranslator, int]:
+def read_exit_head(path: str, dtype: torch.dtype = torch.float32,
+                   field: str = "drafter.head") -> tuple[ExitTranslator, int]:
     """(head, exit_layer) from a checkpoint folder (absolute, or relative to the cwd or the project
     root); one clear error, naming the config `field`, if it is missing or malformed."""
     folder = next((c for c in (Path(path).expanduser(), PROJECT_ROOT / path) if c.is_dir()), Path(path))

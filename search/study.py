@@ -19,7 +19,8 @@ killed search resumes where it stopped and several workers (Slurm array tasks: `
 SLURM_ARRAY_TASK_ID) share one study; `n_trials` counts completed (or pruned) trials of all workers together. A
 trial left RUNNING by a killed run of the same worker is marked failed on restart (an enqueued
 parameter set is enqueued again). A study remembers its model and objective settings: resuming it
-with others (another drafter, calibration set, search space...) stops with one error. Samplers: tpe (Bayesian), random, gp, seeded by seed + worker.
+with others (another drafter, calibration set, search space...) stops with one error. Samplers: tpe
+(Bayesian), random, gp, seeded by seed + worker.
 Every finished trial is logged to the tracker (W&B offline by default); a progress bar shows it.
 """
 
@@ -132,7 +133,8 @@ def study_settings(cfg: StudyConfig) -> dict:
     import dataclasses
 
     objective = dataclasses.asdict(cfg.objective) if dataclasses.is_dataclass(cfg.objective) else dict(cfg.objective)
-    settings = {"model": cfg.model.name, **{f"objective.{k}": v for k, v in objective.items() if not k.startswith("export") and k not in ("enqueue", "known_masks")}}
+    settings = {"model": cfg.model.name, **{f"objective.{k}": v for k, v in objective.items()
+                                            if not k.startswith("export") and k not in ("enqueue", "known_masks")}}
     return json.loads(json.dumps(settings, default=str))
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import logging
-import random
 import time
 from pathlib import Path
 
@@ -27,10 +26,10 @@ import torch.nn.functional as F
 
 from decoding.exit_head import ExitTranslator, save_exit_head
 from pipeline.errors import ConfigError
-from pipeline.models import load_model, stop_token_ids
+from pipeline.models import load_model
 from pipeline.train.config import TrainConfig
-from pipeline.train.data import build_dataset, load_samples
-from pipeline.train.prompts import training_prompts
+from pipeline.train.trainer import (learning_rate, make_wandb, progress_bar, resume_state, save_state,
+                                    training_samples)
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +66,6 @@ def evaluate_head(model, head, inputs, finals, chunk: int = 512) -> dict:
 
 
 def train_exit_head(cfg: TrainConfig, run_config: dict, show_progress: bool = True) -> dict:
-    from pipeline.train.trainer import learning_rate, make_wandb, progress_bar
-
     d = cfg.drafter
     state_dir, out_dir = Path(d.state_dir), Path(d.out_dir)
     state_dir.mkdir(parents=True, exist_ok=True)
@@ -78,37 +75,25 @@ def train_exit_head(cfg: TrainConfig, run_config: dict, show_progress: bool = Tr
         raise ConfigError(f"drafter.exit_layer={d.exit_layer}: model {cfg.model.name} has "
                           f"{target.config.num_hidden_layers} layers (the exit must be before the last)")
 
-    prompts = training_prompts(cfg.data.num_prompts, cfg.data.seed)
-    paths = build_dataset(target, tokenizer, prompts, list(d.target_layer_ids), Path(cfg.data.dir),
-                          cfg.data.batch_size, cfg.data.max_new_tokens, stop_token_ids(target, tokenizer),
-                          progress=lambda i, n: log.info("data: shard %d/%d", i, n))
-    samples = load_samples(paths)
-    random.Random(cfg.data.seed).shuffle(samples)
+    samples = training_samples(cfg, target, tokenizer)
     val_in, val_final = exit_features(target, samples[:d.val_sequences], d.exit_layer)
     train_in, train_final = exit_features(target, samples[d.val_sequences:], d.exit_layer)
     if len(train_in) == 0:
-        raise ConfigError("drafter=exit_head: no training positions (raise data.num_prompts or lower drafter.val_sequences)")
+        raise ConfigError("drafter=exit_head: no training positions (raise data.num_prompts or lower "
+                          "drafter.val_sequences)")
 
     torch.manual_seed(d.seed)
     head = ExitTranslator(target.config.hidden_size)
     baseline = {f"early_exit/{k}": v for k, v in evaluate_head(target, head, val_in, val_final).items()}
     optimizer = torch.optim.AdamW(head.parameters(), lr=d.lr, weight_decay=0.0)
-    step, elapsed = 0, 0.0
     resume_path = state_dir / "train_state.pt"
-    if resume_path.exists():
-        saved = torch.load(resume_path, weights_only=False)
-        head.load_state_dict(saved["model"])
-        optimizer.load_state_dict(saved["optimizer"])
-        step, elapsed = saved["step"], saved["elapsed_s"]
-        log.info("resumed at step %d (%.0f s trained)", step, elapsed)
+    step, elapsed = resume_state(resume_path, head, optimizer)
     gen = torch.Generator().manual_seed(d.seed * 1000 + step)
     wb = make_wandb(cfg, run_config, state_dir)
     lm_head = target.get_output_embeddings()
 
     def checkpoint() -> None:
-        torch.save({"model": head.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
-                    "elapsed_s": elapsed}, resume_path.with_suffix(".tmp"))
-        resume_path.with_suffix(".tmp").rename(resume_path)
+        save_state(resume_path, head, optimizer, step, elapsed)
         save_exit_head(head, out_dir, d.exit_layer)
 
     progress, task = progress_bar(d, step, show_progress, fields="loss {task.fields[loss]:.3f}")

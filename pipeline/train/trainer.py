@@ -1,6 +1,7 @@
 """The drafter training loop: data (built once, resumable), a fresh DFlash drafter or a Domino head
-on a trained DFlash backbone (the exit head of the early-exit drafter: pipeline/train/exit_head.py), AdamW with warm-up + cosine decay, resumable checkpoints, a progress
-bar, W&B logging, and an export in the published checkpoint layout after every checkpoint."""
+on a trained DFlash backbone (the early exit's head: pipeline/train/exit_head.py), AdamW with warm-up
++ cosine decay, resumable checkpoints, a progress bar, W&B logging, and an export in the published
+checkpoint layout after every checkpoint."""
 
 from __future__ import annotations
 
@@ -122,6 +123,35 @@ def validate(model, embed, lm_head, samples, cfg) -> dict:
     return {f"val/{k}": v for k, v in totals.items()}
 
 
+def training_samples(cfg: TrainConfig, target, tokenizer) -> list[dict]:
+    """The answer shards (built once, resumable), in a seeded shuffle: the first val_sequences validate."""
+    prompts = training_prompts(cfg.data.num_prompts, cfg.data.seed)
+    paths = build_dataset(target, tokenizer, prompts, list(cfg.drafter.target_layer_ids), Path(cfg.data.dir),
+                          cfg.data.batch_size, cfg.data.max_new_tokens, stop_token_ids(target, tokenizer),
+                          progress=lambda i, n: log.info("data: shard %d/%d", i, n))
+    samples = load_samples(paths)
+    random.Random(cfg.data.seed).shuffle(samples)
+    return samples
+
+
+def resume_state(path: Path, model, optimizer) -> tuple[int, float]:
+    """Load a saved training state into model and optimizer: (step, seconds trained), (0, 0) if none."""
+    if not path.exists():
+        return 0, 0.0
+    saved = torch.load(path, weights_only=False)
+    model.load_state_dict(saved["model"])
+    optimizer.load_state_dict(saved["optimizer"])
+    log.info("resumed at step %d (%.0f s trained)", saved["step"], saved["elapsed_s"])
+    return saved["step"], saved["elapsed_s"]
+
+
+def save_state(path: Path, model, optimizer, step: int, elapsed: float) -> None:
+    """Atomic write (a killed run leaves the previous state whole)."""
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step, "elapsed_s": elapsed},
+               path.with_suffix(".tmp"))
+    path.with_suffix(".tmp").rename(path)
+
+
 def progress_bar(d, step: int, show: bool,
                  fields: str = "loss {task.fields[loss]:.3f}  acc_len {task.fields[acc]:.2f}"):
     progress = Progress(TextColumn(f"[bold]train {d.kind}"), BarColumn(), MofNCompleteColumn(), TextColumn(fields),
@@ -155,12 +185,7 @@ def train(cfg: TrainConfig, run_config: dict, show_progress: bool = True) -> dic
         p.requires_grad_(False)
     embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
 
-    prompts = training_prompts(cfg.data.num_prompts, cfg.data.seed)
-    paths = build_dataset(target, tokenizer, prompts, list(d.target_layer_ids), Path(cfg.data.dir),
-                          cfg.data.batch_size, cfg.data.max_new_tokens, stop_token_ids(target, tokenizer),
-                          progress=lambda i, n: log.info("data: shard %d/%d", i, n))
-    samples = load_samples(paths)
-    random.Random(cfg.data.seed).shuffle(samples)
+    samples = training_samples(cfg, target, tokenizer)
     val, train_set = samples[:d.val_sequences], samples[d.val_sequences:]
 
     if d.kind == "dflash":
@@ -170,22 +195,14 @@ def train(cfg: TrainConfig, run_config: dict, show_progress: bool = True) -> dic
         model = domino_from_dflash(cfg)
     model.train()
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=d.lr, weight_decay=0.01)
-    step, elapsed = 0, 0.0
     resume_path = state_dir / "train_state.pt"
-    if resume_path.exists():
-        saved = torch.load(resume_path, weights_only=False)
-        model.load_state_dict(saved["model"])
-        optimizer.load_state_dict(saved["optimizer"])
-        step, elapsed = saved["step"], saved["elapsed_s"]
-        log.info("resumed at step %d (%.0f s trained)", step, elapsed)
+    step, elapsed = resume_state(resume_path, model, optimizer)
     gen = torch.Generator().manual_seed(d.seed * 1000 + step)
     rng = random.Random(d.seed * 1000 + step)
     wb = make_wandb(cfg, run_config, state_dir)
 
     def checkpoint(final: bool = False) -> dict:
-        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
-                    "elapsed_s": elapsed}, resume_path.with_suffix(".tmp"))
-        resume_path.with_suffix(".tmp").rename(resume_path)
+        save_state(resume_path, model, optimizer, step, elapsed)
         save_drafter(model, out_dir)
         metrics = validate(model.eval(), embed, lm_head, val, cfg) if final or step % (5 * d.checkpoint_every) == 0 else {}
         model.train()
