@@ -43,26 +43,34 @@ def save_exit_head(head: ExitTranslator, out_dir: Path, exit_layer: int) -> None
     (out_dir / "config.json").write_text(json.dumps(config, indent=2))
 
 
+def head_folder(path: str) -> Path:
+    """The checkpoint folder: absolute, or relative to the cwd, else to the project root."""
+    return next((c for c in (Path(path).expanduser(), PROJECT_ROOT / path) if c.is_dir()), Path(path))
+
+
 def read_exit_head(path: str, dtype: torch.dtype = torch.float32,
                    field: str = "drafter.head") -> tuple[ExitTranslator, int]:
-    """(head, exit_layer) from a checkpoint folder (absolute, or relative to the cwd or the project
-    root); one clear error, naming the config `field`, if it is missing or malformed."""
-    folder = next((c for c in (Path(path).expanduser(), PROJECT_ROOT / path) if c.is_dir()), Path(path))
+    """(head, exit_layer) from a checkpoint folder (`head_folder`); one clear error, naming the config
+    `field`, if it is missing or malformed."""
+    folder = head_folder(path)
     try:
         config = json.loads((folder / "config.json").read_text())
         state = load_file(str(folder / "model.safetensors"))
     except FileNotFoundError:
         raise ConfigError(f"{field}={path}: no exit-head checkpoint there (train one with "
                           f"`python -m pipeline.train drafter=exit_head drafter.exit_layer=<k>`)") from None
-    except (json.JSONDecodeError, OSError, ValueError) as err:
-        raise ConfigError(f"{field}={path}: unreadable exit-head checkpoint ({err})") from None
-    if config.get("kind") != HEAD_KIND or not {"exit_layer", "hidden_size"} <= set(config):
+    except Exception as err:  # bad JSON, a truncated or foreign safetensors file (SafetensorError)...
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConfigError(f"{field}={path}: unreadable exit-head checkpoint ({reason})") from None
+    if not isinstance(config, dict) or config.get("kind") != HEAD_KIND or \
+            not {"exit_layer", "hidden_size"} <= set(config):
         raise ConfigError(f"{field}={path}: config.json is not a {HEAD_KIND} exit head")
     head = ExitTranslator(int(config["hidden_size"]))
     try:
         head.load_state_dict(state)
     except RuntimeError as err:
-        raise ConfigError(f"{field}={path}: weights do not match config.json ({str(err).splitlines()[0]})") from None
+        detail = [line.strip() for line in str(err).splitlines() if line.strip()][-1]  # the mismatch, not the header
+        raise ConfigError(f"{field}={path}: weights do not match config.json ({detail})") from None
     return head.to(dtype).eval().requires_grad_(False), int(config["exit_layer"])
 
 

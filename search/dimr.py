@@ -256,6 +256,21 @@ def prepare(cfg) -> Context:
     return Context(obj, cost, L, calibration)
 
 
+def settings(cfg: DIMRObjectiveConfig) -> dict:
+    """The fields a trial's cost depends on (search/study.py refuses to resume a study with others)."""
+    from decoding.exit_head import head_folder
+
+    out = {k: getattr(cfg, k) for k in ("encoding", "objective", "calibration_prompts", "calibration_tokens",
+                                        "eval_limit", "eval_subset_seed")}
+    out |= {"skip": cfg.skip} if cfg.encoding == "topk" else {"min_skip": cfg.min_skip, "max_skip": cfg.max_skip}
+    if cfg.objective == "kl+ratio":
+        out["ratio_weight"] = cfg.ratio_weight
+    if cfg.objective == "between":
+        out["drafter_exit_layer"] = cfg.drafter_exit_layer
+        out["drafter_head"] = str(head_folder(cfg.drafter_head).resolve()) if cfg.drafter_head else None
+    return out
+
+
 def known_params(ctx: Context) -> list[dict]:
     """Parameter sets of the known masks, enqueued by search/study.py as the first trials."""
     return [params_of(ctx.cfg, mask, ctx.num_layers) for mask in known_masks(ctx.num_layers, ctx.cfg.skip,

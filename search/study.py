@@ -10,7 +10,9 @@ An objective is a module `search/<name>.py`, listed in OBJECTIVE_MODULES, that d
 - `known_params(context) -> list[dict]` (optional): known parameter sets that need the prepared
   context (e.g. DIMR's masks depend on the layer count), enqueued after `enqueue` on a new study;
 - `export(trial, context, cfg) -> Path | None` (optional): write the best parameters where the pipeline
-  loads them (e.g. conf/method/ptd_tuned.yaml for `python -m pipeline method=ptd_tuned`).
+  loads them (e.g. conf/method/ptd_tuned.yaml for `python -m pipeline method=ptd_tuned`);
+- `settings(cfg) -> dict` (optional): the fields a trial's value depends on, which a resumed study
+  must match (default: every field but `export*`, `enqueue`, `known_masks`).
 `suggest(trial, params)` turns a `params` spec ({name: {type: int|float|categorical, low, high,
 log, step, choices}}) into trial suggestions.
 
@@ -128,13 +130,18 @@ def make_storage(cfg: StudyConfig):
 
 
 def study_settings(cfg: StudyConfig) -> dict:
-    """What a trial's value depends on: the model and every objective field but the export target and
-    the parameter sets tried first (those only seed a new study)."""
+    """What a trial's value depends on: the model and the objective's `settings(cfg)` if it defines
+    one, else every objective field but the export target and the parameter sets tried first (those
+    only seed a new study)."""
     import dataclasses
 
-    objective = dataclasses.asdict(cfg.objective) if dataclasses.is_dataclass(cfg.objective) else dict(cfg.objective)
-    settings = {"model": cfg.model.name, **{f"objective.{k}": v for k, v in objective.items()
-                                            if not k.startswith("export") and k not in ("enqueue", "known_masks")}}
+    module = objective_module(cfg.objective.name)
+    if hasattr(module, "settings"):
+        objective = module.settings(cfg.objective)
+    else:
+        fields = dataclasses.asdict(cfg.objective) if dataclasses.is_dataclass(cfg.objective) else dict(cfg.objective)
+        objective = {k: v for k, v in fields.items() if not k.startswith("export") and k not in ("enqueue", "known_masks")}
+    settings = {"model": cfg.model.name, **{f"objective.{k}": v for k, v in objective.items()}}
     return json.loads(json.dumps(settings, default=str))
 
 

@@ -34,31 +34,42 @@ from pipeline.train.trainer import (learning_rate, make_wandb, progress_bar, res
 log = logging.getLogger(__name__)
 
 
+class Readout:
+    """The target's final norm and lm_head, read out in float32 on the lm_head's device: the head
+    trains in float32 whatever the model's dtype (bf16 targets included)."""
+
+    def __init__(self, model):
+        self.norm = model.model.norm
+        self.unembed = model.get_output_embeddings().weight.detach().float()
+        self.device = self.unembed.device
+
+    def teacher(self, finals: torch.Tensor) -> torch.Tensor:
+        return F.linear(finals, self.unembed)
+
+    def student(self, head, h: torch.Tensor) -> torch.Tensor:
+        return F.linear(self.norm(head(h)).float(), self.unembed)
+
+
 @torch.no_grad()
-def exit_features(model, samples: list[dict], exit_layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(residual stream after `exit_layer` layers, final-norm output), each [N, H], over the drafting
-    positions of every sample."""
+def exit_features(model, samples: list[dict], exit_layer: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(residual stream after `exit_layer` layers, final-norm output), each [N, H] float32, over the
+    drafting positions of every sample."""
     inputs, finals = [], []
     for s in samples:
-        out = model(input_ids=s["ids"][None], output_hidden_states=True)
+        out = model(input_ids=s["ids"][None].to(model.device), output_hidden_states=True)
         rows = slice(s["prompt_len"] - 1, len(s["ids"]) - 1)
         # hidden_states[k] is the output of decoder layer k - 1; the last entry is after the final norm
-        inputs.append(out.hidden_states[exit_layer][0, rows].float())
-        finals.append(out.hidden_states[-1][0, rows].float())
+        inputs.append(out.hidden_states[exit_layer][0, rows].to(device, torch.float32))
+        finals.append(out.hidden_states[-1][0, rows].to(device, torch.float32))
     return torch.cat(inputs), torch.cat(finals)
 
 
-def head_logits(model, head, h: torch.Tensor) -> torch.Tensor:
-    return model.get_output_embeddings()(model.model.norm(head(h)))
-
-
 @torch.no_grad()
-def evaluate_head(model, head, inputs, finals, chunk: int = 512) -> dict:
+def evaluate_head(readout: Readout, head, inputs, finals, chunk: int = 512) -> dict:
     totals = {"kl": 0.0, "top1": 0.0, "accept_t1": 0.0}
-    lm_head = model.get_output_embeddings()
     for first in range(0, len(inputs), chunk):
-        logq = torch.log_softmax(lm_head(finals[first:first + chunk]).float(), -1)
-        logp = torch.log_softmax(head_logits(model, head, inputs[first:first + chunk]).float(), -1)
+        logq = torch.log_softmax(readout.teacher(finals[first:first + chunk]), -1)
+        logp = torch.log_softmax(readout.student(head, inputs[first:first + chunk]), -1)
         totals["kl"] += float((logq.exp() * (logq - logp)).sum())
         totals["top1"] += float((logq.argmax(-1) == logp.argmax(-1)).sum())
         totals["accept_t1"] += float(torch.minimum(logq.exp(), logp.exp()).sum())
@@ -76,21 +87,24 @@ def train_exit_head(cfg: TrainConfig, run_config: dict, show_progress: bool = Tr
                           f"{target.config.num_hidden_layers} layers (the exit must be before the last)")
 
     samples = training_samples(cfg, target, tokenizer)
-    val_in, val_final = exit_features(target, samples[:d.val_sequences], d.exit_layer)
-    train_in, train_final = exit_features(target, samples[d.val_sequences:], d.exit_layer)
+    if not 1 <= d.val_sequences < len(samples):
+        raise ConfigError(f"drafter.val_sequences={d.val_sequences}: needs at least 1 and fewer than the "
+                          f"{len(samples)} answers (data.num_prompts)")
+    readout = Readout(target)
+    val_in, val_final = exit_features(target, samples[:d.val_sequences], d.exit_layer, readout.device)
+    train_in, train_final = exit_features(target, samples[d.val_sequences:], d.exit_layer, readout.device)
     if len(train_in) == 0:
         raise ConfigError("drafter=exit_head: no training positions (raise data.num_prompts or lower "
                           "drafter.val_sequences)")
 
     torch.manual_seed(d.seed)
-    head = ExitTranslator(target.config.hidden_size)
-    baseline = {f"early_exit/{k}": v for k, v in evaluate_head(target, head, val_in, val_final).items()}
+    head = ExitTranslator(target.config.hidden_size).to(readout.device)
+    baseline = {f"early_exit/{k}": v for k, v in evaluate_head(readout, head, val_in, val_final).items()}
     optimizer = torch.optim.AdamW(head.parameters(), lr=d.lr, weight_decay=0.0)
     resume_path = state_dir / "train_state.pt"
     step, elapsed = resume_state(resume_path, head, optimizer)
     gen = torch.Generator().manual_seed(d.seed * 1000 + step)
     wb = make_wandb(cfg, run_config, state_dir)
-    lm_head = target.get_output_embeddings()
 
     def checkpoint() -> None:
         save_state(resume_path, head, optimizer, step, elapsed)
@@ -104,8 +118,8 @@ def train_exit_head(cfg: TrainConfig, run_config: dict, show_progress: bool = Tr
                 group["lr"] = learning_rate(step, d)
             rows = torch.randint(len(train_in), (min(d.tokens_per_step, len(train_in)),), generator=gen)
             with torch.no_grad():
-                logq = torch.log_softmax(lm_head(train_final[rows]), -1)
-            logp = torch.log_softmax(head_logits(target, head, train_in[rows]), -1)
+                logq = torch.log_softmax(readout.teacher(train_final[rows]), -1)
+            logp = torch.log_softmax(readout.student(head, train_in[rows]), -1)
             loss = F.kl_div(logp, logq, log_target=True, reduction="batchmean")  # KL(q || p)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -117,12 +131,12 @@ def train_exit_head(cfg: TrainConfig, run_config: dict, show_progress: bool = Tr
             logged = {"train/kl": float(loss.detach()), "train/lr": optimizer.param_groups[0]["lr"]}
             if step % d.checkpoint_every == 0:
                 checkpoint()
-                logged |= {f"val/{k}": v for k, v in evaluate_head(target, head, val_in, val_final).items()}
+                logged |= {f"val/{k}": v for k, v in evaluate_head(readout, head, val_in, val_final).items()}
                 log.info("step %d: %s", step, {k: round(v, 4) for k, v in logged.items()})
             if wb is not None:
                 wb.log(logged, step=step)
     checkpoint()
-    final = {f"val/{k}": v for k, v in evaluate_head(target, head, val_in, val_final).items()}
+    final = {f"val/{k}": v for k, v in evaluate_head(readout, head, val_in, val_final).items()}
     summary = {"kind": d.kind, "exit_layer": d.exit_layer, "steps": step, "train_minutes": round(elapsed / 60, 1),
                "train_positions": len(train_in), "val_positions": len(val_in),
                **{k: round(v, 4) for k, v in (final | baseline).items()}}

@@ -50,9 +50,17 @@ def test_checkpoint_round_trip_and_errors(tmp_path, random_exit_head):
     (tmp_path / "h" / "config.json").write_text("{not json")
     with pytest.raises(ConfigError, match="unreadable"):
         read_exit_head(str(tmp_path / "h"))
-    (tmp_path / "h" / "config.json").write_text(json.dumps({"kind": "tuned_lens", "exit_layer": 3, "hidden_size": 16}))
-    with pytest.raises(ConfigError, match="do not match"):
+    (tmp_path / "h" / "config.json").write_text("[1, 2]")
+    with pytest.raises(ConfigError, match="is not a tuned_lens exit head"):
         read_exit_head(str(tmp_path / "h"))
+    (tmp_path / "h" / "config.json").write_text(json.dumps({"kind": "tuned_lens", "exit_layer": 3, "hidden_size": 16}))
+    with pytest.raises(ConfigError, match=r"do not match config.json \(size mismatch for proj") as err:
+        read_exit_head(str(tmp_path / "h"))
+    assert "\n" not in str(err.value)
+    (tmp_path / "h" / "model.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(ConfigError, match="unreadable exit-head checkpoint") as err:
+        read_exit_head(str(tmp_path / "h"))
+    assert "\n" not in str(err.value)
 
 
 def test_head_is_only_for_early_exit_drafters():

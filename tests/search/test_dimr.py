@@ -195,3 +195,18 @@ def test_between_cost_is_the_two_hop_kl_through_the_slim_model(six_layer_dir):
     slim = logprobs((0, 1, 4, 5))
     assert between(skip) == pytest.approx(kl(early, slim) + kl(slim, full), rel=1e-4)
     assert plain(skip) == pytest.approx(kl(full, slim), rel=1e-4)
+
+
+def test_study_settings_keep_only_what_the_cost_depends_on(tmp_path, monkeypatch):
+    """A resumed DIMR study is compared on these fields (search/study.py): fields the chosen cost
+    ignores may change, and two spellings of one exit-head folder are the same setting."""
+    from search.dimr import DIMRObjectiveConfig, settings
+
+    plain = settings(DIMRObjectiveConfig(objective="kl", drafter_head="anything", ratio_weight=3.0, min_skip=0.2))
+    assert plain == settings(DIMRObjectiveConfig(objective="kl"))
+    assert "drafter_head" not in plain and "min_skip" not in plain and plain["skip"] == 6
+    (tmp_path / "head").mkdir()
+    monkeypatch.chdir(tmp_path)
+    relative = settings(DIMRObjectiveConfig(objective="between", drafter_head="head"))
+    assert relative == settings(DIMRObjectiveConfig(objective="between", drafter_head=str(tmp_path / "head")))
+    assert relative != settings(DIMRObjectiveConfig(objective="between", drafter_exit_layer=5, drafter_head="head"))
