@@ -263,11 +263,16 @@ class DFlashDrafter(nn.Module):
 
 
 # ----------------------------------------------------------------------------------- checkpoints
+def local_folder(location: str) -> Path | None:
+    """The folder `location` names, absolute or relative to the cwd, else to the project root."""
+    return next((c for c in (Path(location).expanduser(), PROJECT_ROOT / location) if c.is_dir()), None)
+
+
 def resolve_location(location: str) -> Path:
-    """A local folder (absolute, or relative to the cwd or the project root) or an HF hub id."""
-    for candidate in (Path(location).expanduser(), PROJECT_ROOT / location):
-        if candidate.is_dir():
-            return candidate
+    """A local folder (`local_folder`) or an HF hub id."""
+    folder = local_folder(location)
+    if folder is not None:
+        return folder
     if location.count("/") != 1 or location.startswith((".", "/")):
         raise ConfigError(f"drafter checkpoint {location!r}: no such folder")
     try:

@@ -19,10 +19,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from decoding.dflash_drafter import local_folder
 from pipeline.errors import ConfigError
 
 HEAD_KIND = "tuned_lens"
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 
 class ExitTranslator(torch.nn.Module):
@@ -44,8 +44,8 @@ def save_exit_head(head: ExitTranslator, out_dir: Path, exit_layer: int) -> None
 
 
 def head_folder(path: str) -> Path:
-    """The checkpoint folder: absolute, or relative to the cwd, else to the project root."""
-    return next((c for c in (Path(path).expanduser(), PROJECT_ROOT / path) if c.is_dir()), Path(path))
+    """The checkpoint folder (decoding/dflash_drafter.py's `local_folder`; as given if there is none)."""
+    return local_folder(path) or Path(path)
 
 
 def read_exit_head(path: str, dtype: torch.dtype = torch.float32,

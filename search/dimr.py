@@ -233,11 +233,13 @@ def prepare(cfg) -> Context:
             raise ConfigError(f"objective.skip={obj.skip} ({obj.skip}/{L} = {obj.skip / L:.3f} of model "
                               f"{cfg.model.name}'s layers) is outside [objective.min_skip, objective.max_skip] = "
                               f"[{obj.min_skip}, {obj.max_skip}]: allowed skip counts are {counts}")
-    if obj.objective == "between" and obj.drafter_exit_layer >= L:
-        raise ConfigError(f"objective.drafter_exit_layer={obj.drafter_exit_layer}: model {cfg.model.name} has {L} layers")
     drafter = None  # p of objective=between, built (and its exit head loaded) before the calibration
     if obj.objective == "between":
         from decoding.exit_head import load_exit_head
+
+        if obj.drafter_exit_layer >= L:
+            raise ConfigError(f"objective.drafter_exit_layer={obj.drafter_exit_layer}: model {cfg.model.name} "
+                              f"has {L} layers")
 
         head = load_exit_head(obj.drafter_head, target, obj.drafter_exit_layer, "objective.drafter_head") \
             if obj.drafter_head else None

@@ -70,9 +70,10 @@ def evaluate_head(readout: Readout, head, inputs, finals, chunk: int = 512) -> d
     for first in range(0, len(inputs), chunk):
         logq = torch.log_softmax(readout.teacher(finals[first:first + chunk]), -1)
         logp = torch.log_softmax(readout.student(head, inputs[first:first + chunk]), -1)
-        totals["kl"] += float((logq.exp() * (logq - logp)).sum())
+        q = logq.exp()
+        totals["kl"] += float((q * (logq - logp)).sum())
         totals["top1"] += float((logq.argmax(-1) == logp.argmax(-1)).sum())
-        totals["accept_t1"] += float(torch.minimum(logq.exp(), logp.exp()).sum())
+        totals["accept_t1"] += float(torch.minimum(q, logp.exp()).sum())
     return {k: v / max(len(inputs), 1) for k, v in totals.items()}
 
 
@@ -127,8 +128,9 @@ def train_exit_head(cfg: TrainConfig, run_config: dict, show_progress: bool = Tr
             optimizer.step()
             step += 1
             elapsed += time.perf_counter() - t0
-            progress.update(task, completed=step, loss=float(loss.detach()))
-            logged = {"train/kl": float(loss.detach()), "train/lr": optimizer.param_groups[0]["lr"]}
+            loss_value = float(loss.detach())
+            progress.update(task, completed=step, loss=loss_value)
+            logged = {"train/kl": loss_value, "train/lr": optimizer.param_groups[0]["lr"]}
             if step % d.checkpoint_every == 0:
                 checkpoint()
                 logged |= {f"val/{k}": v for k, v in evaluate_head(readout, head, val_in, val_final).items()}
