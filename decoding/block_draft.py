@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from decoding.dflash_drafter import DFlashDrafter, load_drafter
+from decoding.domino_head import Float32Head
 from decoding.engine import DecodeState, Method, StepResult
 from decoding.target import ForwardOutput, TargetModel
 from pipeline.errors import ConfigError
@@ -52,6 +53,7 @@ class BlockDraftMethod(Method):
         self.embed = target.model.get_input_embeddings()
         self.lm_head = target.model.get_output_embeddings()
         self.taps = tuple(spec.target_layer_ids)
+        self.head = Float32Head(drafter) if spec.is_domino else None  # the correction runs in fp32
         # draft positions per pass: with shift_label every block row predicts (row k -> offset k+1)
 
     def prefill_hidden_layers(self) -> tuple[int, ...]:
@@ -87,7 +89,3 @@ class BlockDraftMethod(Method):
         rows = hidden if spec.shift_label else hidden[1:]
         return DraftPass(rows, self.lm_head(rows).float())
 
-
-def sample_tokens(probs: torch.Tensor, generator: torch.Generator) -> list[int]:
-    """One token per row of `probs`, drawn with the per-prompt generator (which lives on the CPU)."""
-    return torch.multinomial(probs.to(generator.device), 1, generator=generator).view(-1).tolist()

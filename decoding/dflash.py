@@ -15,8 +15,9 @@ from typing import Optional
 
 import torch
 
-from decoding.block_draft import BlockDraftMethod, sample_tokens
+from decoding.block_draft import BlockDraftMethod
 from decoding.engine import DecodeState, Proposal
+from decoding.sampling import to_host
 from decoding.tree import TokenTree
 
 
@@ -40,7 +41,7 @@ class DFlash(BlockDraftMethod):
         if state.greedy or not self.config.sample_draft:
             return Proposal(TokenTree.chain(state.root, logits.argmax(-1).tolist()), hidden_layers=self.taps)
         probs = torch.softmax(logits / state.temperature, dim=-1)
-        drafts = sample_tokens(probs, state.generator)
+        drafts = to_host(state.sampler.for_device(probs.device).categorical(probs))[0]
         return Proposal(TokenTree.chain(state.root, drafts, list(probs)), hidden_layers=self.taps)
 
 

@@ -18,9 +18,10 @@ from typing import Optional
 
 import torch
 
-from decoding.block_draft import BlockDraftMethod, sample_tokens
+from decoding.block_draft import BlockDraftMethod
 from decoding.domino_head import correction, gru_path_state, gru_step
 from decoding.engine import DecodeState, Proposal
+from decoding.sampling import to_host
 from decoding.tree import TokenTree
 from pipeline.errors import check_range
 
@@ -43,40 +44,40 @@ class Domino(BlockDraftMethod):
 
     @torch.inference_mode()
     def propose(self, state: DecodeState) -> Proposal:
+        """The whole chain stays on the device (each token feeds the next GRU step as a tensor);
+        one host copy of the K tokens at the end."""
         draft = self.draft_pass(state)
-        z, base = draft.hidden, draft.logits
+        z, base = draft.hidden.float(), draft.logits
+        head, sampled = self.head, not state.greedy and self.config.sample_draft
+        sampler = state.sampler.for_device(base.device)
         prefix = min(self.drafter.spec.pure_draft_prefix_len, len(base))
         pool = None
         if 0 < self.config.candidate_pool < base.shape[-1] and len(base) > prefix:
             pool = torch.topk(base[prefix:].max(dim=0).values, self.config.candidate_pool).indices
         tokens, probs = [], []
+        root = torch.full((1,), state.root, device=z.device)
+        h = None
         for k in range(len(base)):
             if k < prefix:
                 logits = base[k]
             else:
-                if k == prefix:  # the GRU has read the root and the uncorrected prefix
-                    path = torch.tensor([state.root] + tokens, device=z.device)
-                    h = gru_path_state(self.drafter.prefix_gru, self.embed(path).to(z.dtype))
+                if h is None:  # the GRU has read the root and the uncorrected prefix
+                    h = gru_path_state(head.gru, self.embed(torch.cat([root, *tokens])).float())
                 else:
-                    h = gru_step(self.drafter.prefix_gru, self.embed(torch.tensor([tokens[-1]], device=z.device)).to(z.dtype), h[None])[0]
+                    h = gru_step(head.gru, self.embed(tokens[-1]).float(), h[None])[0]
                 logits = self._corrected(z[k], h, base[k], pool)
-            token, p = self._pick(logits, state)
-            tokens.append(token)
-            probs.append(p)
-        return Proposal(TokenTree.chain(state.root, tokens, probs), hidden_layers=self.taps)
+            q = torch.softmax(logits / state.temperature, dim=-1) if sampled else None
+            tokens.append((sampler.categorical(q) if sampled else logits.argmax()).view(1))
+            probs.append(q)
+        drafted = to_host(torch.cat(tokens))[0]
+        return Proposal(TokenTree.chain(state.root, drafted, probs), hidden_layers=self.taps)
 
     def _corrected(self, z_k, h, base_k, pool):
+        proj = self.head.embed_proj
         if pool is None:
-            return base_k + correction(self.drafter.embed_proj, z_k[None], h[None])[0].float()
-        logits = torch.full_like(base_k, float("-inf"))
-        logits[pool] = base_k[pool] + correction(self.drafter.embed_proj, z_k[None], h[None], pool)[0].float()
-        return logits
-
-    def _pick(self, logits, state: DecodeState):
-        if state.greedy or not self.config.sample_draft:
-            return int(logits.argmax()), None
-        q = torch.softmax(logits / state.temperature, dim=-1)
-        return sample_tokens(q[None], state.generator)[0], q
+            return base_k + correction(proj, z_k[None], h[None])[0]
+        return torch.full_like(base_k, float("-inf")).index_put_(
+            (pool,), base_k[pool] + correction(proj, z_k[None], h[None], pool)[0])
 
 
 CONFIG = DominoConfig

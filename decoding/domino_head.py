@@ -13,6 +13,8 @@ base logits uncorrected.
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch import nn
 
@@ -51,4 +53,20 @@ def correction(embed_proj: nn.Sequential, z: torch.Tensor, state: torch.Tensor,
     the candidate token ids `rows` [M] only (W2 restricted to those rows: the top-M trick)."""
     mid = embed_proj[1](embed_proj[0](torch.cat([z, state], dim=-1)))
     w2 = embed_proj[2].weight
-    return mid @ (w2 if rows is None else w2[rows]).t()
+    # the W2 matmul in float32, as DominoTree's reference (domino_adapter: W2[C].float()) runs it
+    return mid.float() @ (w2 if rows is None else w2[rows]).float().t()
+
+
+class Float32Head:
+    """The Domino head (GRU, W1, W2) copied to float32 for inference on a bf16/fp16 drafter.
+
+    DominoTree's reference runs the W2 correction in fp32; we also keep the GRU and W1 in fp32 (a
+    departure: the references run them in the model dtype), so the chain, the reference tree
+    builder and the fast builder compute the same numbers up to fp32 rounding, whatever the
+    drafter's dtype (tested in bf16). Extra memory: the head's weights in fp32 (about 220 MB for
+    the published Qwen3-8B head, dominated by W2 [V, E])."""
+
+    def __init__(self, drafter):
+        self.gru: nn.GRU = copy.deepcopy(drafter.prefix_gru).float().requires_grad_(False)
+        self.embed_proj: nn.Sequential = copy.deepcopy(drafter.embed_proj).float().requires_grad_(False)
+        self.hidden_size = drafter.spec.hidden_size

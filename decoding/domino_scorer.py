@@ -26,23 +26,24 @@ from decoding.domino_head import correction, gru_step
 
 class ReferenceScorer:
     @torch.inference_mode()
-    def __init__(self, drafter, embed, z: torch.Tensor, base: torch.Tensor, k: int, m: int):
-        self.gru, self.proj, self.embed = drafter.prefix_gru, drafter.embed_proj, embed
+    def __init__(self, drafter, head, embed, z: torch.Tensor, base: torch.Tensor, k: int, m: int):
+        """`head`: the drafter's Float32Head (decoding/domino_head.py); all head math in fp32."""
+        self.gru, self.proj, self.embed = head.gru, head.embed_proj, embed
         self.prefix = drafter.spec.pure_draft_prefix_len
-        self.z, self.base, self.k = z, base, k
+        self.z, self.base, self.k = z.float(), base, k
         self.cand = [torch.topk(base[d], min(m, base.shape[-1])).indices for d in range(len(base))]
         self.states: dict[int, torch.Tensor] = {}
 
     @torch.inference_mode()
     def __call__(self, node: int, parent: int, token: int, depth: int) -> tuple[list[int], list[float]]:
         parent_state = self.states[parent][None] if parent >= 0 else None
-        emb = self.embed(torch.tensor([token], device=self.z.device)).to(self.z.dtype)
+        emb = self.embed(torch.tensor([token], device=self.z.device)).float()
         state = self.states[node] = gru_step(self.gru, emb, parent_state)[0]
         if depth < self.prefix:
             values, ids = torch.topk(torch.log_softmax(self.base[depth].float(), -1), self.k)
             return ids.tolist(), values.tolist()
         cand = self.cand[depth]
-        corrected = self.base[depth][cand] + correction(self.proj, self.z[depth][None], state[None], cand)[0].float()
+        corrected = self.base[depth][cand] + correction(self.proj, self.z[depth][None], state[None], cand)[0]
         values, local = torch.topk(torch.log_softmax(corrected, -1), min(self.k, len(cand)))
         return cand[local].tolist(), values.tolist()
 
@@ -62,7 +63,7 @@ def expand_step(gi, h, depth_index, z_proj, base_c, w2_c, w1_state, w_hh, k: int
     is what the graph captures."""
     state = gru_cell(gi, h, w_hh)
     mid = torch.nn.functional.silu(z_proj.index_select(0, depth_index)[0] + w1_state @ state)
-    scores = base_c.index_select(0, depth_index)[0] + (w2_c.index_select(0, depth_index)[0] @ mid).float()
+    scores = base_c.index_select(0, depth_index)[0] + w2_c.index_select(0, depth_index)[0] @ mid
     values, local = torch.topk(torch.log_softmax(scores, -1), min(k, scores.shape[-1]))
     return state, values, local
 
@@ -103,26 +104,29 @@ class StepGraph:
 
 class FastScorer:
     @torch.inference_mode()
-    def __init__(self, drafter, embed, z: torch.Tensor, base: torch.Tensor, k: int, m: int, max_nodes: int,
+    def __init__(self, drafter, head, embed, z: torch.Tensor, base: torch.Tensor, k: int, m: int, max_nodes: int,
                  graph_holder: dict | None = None):
-        """`graph_holder`: a dict kept by the caller across rounds; on CUDA it holds the StepGraph."""
-        gru, proj = drafter.prefix_gru, drafter.embed_proj
+        """`head`: the drafter's Float32Head; every table is fp32, like the reference builder's math.
+        `graph_holder`: a dict kept by the caller across rounds; on CUDA it holds the StepGraph."""
+        gru, proj = head.gru, head.embed_proj
         self.prefix, self.k = drafter.spec.pure_draft_prefix_len, k
-        dev, dt = z.device, z.dtype
+        z = z.float()
+        dev, dt = z.device, torch.float32
         depths, hidden = base.shape[0], z.shape[-1]
         m = min(m, base.shape[-1])
         # per-round tables
         self.cand = torch.topk(base, m, dim=-1).indices  # [D, M]
+        self.depth_ids = torch.arange(depths, device=dev)
         self.base_c = torch.gather(base, 1, self.cand)  # [D, M] float32
         w1 = proj[0].weight
         self.z_proj = z @ w1[:, :hidden].t()  # [D, E]
         self.w1_state = w1[:, hidden:]  # [E, G]
-        self.w2_c = proj[2].weight[self.cand]  # [D, M, E]
+        self.w2_c = proj[2].weight[self.cand]  # [D, M, E] fp32
         self.w_hh, self.w_ih = gru.weight_hh_l0, gru.weight_ih_l0  # [3G, G], [3G, H]
-        self.gi_cand = embed(self.cand).to(dt) @ self.w_ih.t()  # [D, M, 3G]: GRU input projection per candidate
+        self.gi_cand = embed(self.cand).float() @ self.w_ih.t()  # [D, M, 3G]: GRU input projection per candidate
         p = min(self.prefix, depths)
         prefix_vals, prefix_ids = torch.topk(torch.log_softmax(base[:p].float(), -1), k, dim=-1)  # [p, K]
-        self.gi_prefix = embed(prefix_ids).to(dt) @ self.w_ih.t()  # [p, K, 3G]
+        self.gi_prefix = embed(prefix_ids).float() @ self.w_ih.t()  # [p, K, 3G]
         self.prefix_host = (prefix_ids.tolist(), prefix_vals.tolist())  # one copy per round
         self.embed = embed
         self.states = torch.zeros(max_nodes + 1, gru.hidden_size, device=dev, dtype=dt)
@@ -140,7 +144,7 @@ class FastScorer:
     @torch.inference_mode()
     def __call__(self, node: int, parent: int, token: int, depth: int) -> tuple[list[int], list[float]]:
         if parent < 0:
-            gi = self.embed(torch.tensor([token], device=self.states.device)).to(self.states.dtype)[0] @ self.w_ih.t()
+            gi = self.embed(torch.tensor([token], device=self.states.device)).float()[0] @ self.w_ih.t()
             h = torch.zeros_like(self.states[0])
         else:
             tokens, rows = self.children[parent]
@@ -151,7 +155,7 @@ class FastScorer:
             ids, vals = self.prefix_host
             self.children[node] = (ids[depth], self.gi_prefix[depth])
             return ids[depth], vals[depth]
-        depth_index = torch.tensor([depth], device=self.states.device)
+        depth_index = self.depth_ids[depth:depth + 1]  # a view: no host->device copy per node
         if self.graph is not None:
             state, values, local = self.graph(gi, h, depth_index)
         else:

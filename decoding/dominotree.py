@@ -72,10 +72,11 @@ class DominoTree(BlockDraftMethod):
         if cfg.scoring == "marginal":
             expand = marginal_expand(draft.logits, cfg.node_topk)
         elif cfg.builder == "reference":
-            expand = ReferenceScorer(self.drafter, self.embed, draft.hidden, draft.logits, cfg.node_topk, cfg.corr_topm)
+            expand = ReferenceScorer(self.drafter, self.head, self.embed, draft.hidden, draft.logits, cfg.node_topk,
+                                     cfg.corr_topm)
         else:
-            expand = FastScorer(self.drafter, self.embed, draft.hidden, draft.logits, cfg.node_topk, cfg.corr_topm, cap,
-                                graph_holder=self.graphs)
+            expand = FastScorer(self.drafter, self.head, self.embed, draft.hidden, draft.logits, cfg.node_topk,
+                                cfg.corr_topm, cap, graph_holder=self.graphs)
         admit = None if self.cost is None else CostAwareStop(self.cost, self.target.cache_len)
         built = build_best_first(state.root, expand, cap, max_depth=len(draft.logits), admit=admit)
         if self.cost is not None:

@@ -16,7 +16,7 @@ from typing import Optional
 
 import torch
 
-from decoding.acceptance import sample
+from decoding.sampling import Sampler, probabilities, to_host
 from decoding.routing import kept_layers, load_mask
 from decoding.target import TargetModel
 from pipeline.errors import ConfigError, check_choice, check_range
@@ -50,8 +50,9 @@ class Drafter:
     tokens its cache holds, so after verification it keeps the agreeing prefix and re-runs only
     the tokens it has not seen (bonus / corrected tokens) in front of the next draft."""
 
-    def __init__(self, lm: TargetModel):
+    def __init__(self, lm: TargetModel, shares_target: bool = False):
         self.lm = lm
+        self.shares_target = shares_target  # made of the target's own layers (no weights of its own)
         self.cached: list[int] = []
 
     def begin(self, sequence: list[int]) -> None:
@@ -69,20 +70,32 @@ class Drafter:
         return sequence[m:]
 
     def draft(self, sequence: list[int], gamma: int, temperature: float,
-              generator: torch.Generator | None) -> tuple[list[int], list[torch.Tensor]]:
-        """γ draft tokens and the distributions they came from (softmax at T; at T=0 the tokens
-        are the argmax and the distributions are taken at T=1, for rules that need them)."""
-        feed = self._catch_up(sequence)
+              sampler: Sampler) -> tuple[list[int], torch.Tensor]:
+        """γ draft tokens and the [γ, V] distributions they came from (softmax at T; at T=0 the
+        tokens are the argmax and the distributions are taken at T=1, for rules that need them).
+        Each drafted token is fed back as a device tensor: one host copy per draft, not per token."""
+        fed = self._catch_up(sequence)
+        device = self.lm.device
+        sampler = sampler.for_device(self.lm.output_device)
+        feed = torch.tensor(fed, device=device)
         tokens, dists = [], []
         for _ in range(gamma):
-            logits = self.lm.forward(torch.tensor(feed), torch.arange(len(feed)), None, last_only=True).logits[-1]
-            self.cached.extend(feed)
-            dist = torch.softmax(logits / (temperature if temperature > 0 else 1.0), dim=-1)
-            tok = int(logits.argmax()) if temperature <= 0 else sample(dist, generator)
+            logits = self.lm.forward(feed, torch.arange(len(feed), device=device), None, last_only=True).logits[-1]
+            dist = probabilities(logits, temperature)
+            tok = logits.argmax() if temperature <= 0 else sampler.categorical(dist)
             tokens.append(tok)
             dists.append(dist)
-            feed = [tok]
-        return tokens, dists
+            feed = tok.view(1).to(device)
+        drafted = to_host(torch.stack(tokens))[0]
+        self.cached.extend(fed + drafted[:-1])  # the last draft is not fed yet
+        return drafted, torch.stack(dists)
+
+    def record(self, stats) -> None:
+        """The drafter's own passes of this generation; in target-forward units when its layers
+        are the target's (early exit, slim), where k of L layers cost k/L of a target forward."""
+        stats.add_extra("drafter_forwards", self.lm.num_forwards)
+        if self.shares_target:
+            stats.add_extra("drafter_forward_cost", self.lm.forward_cost)
 
     def score(self, sequence: list[int], drafts: list[int]) -> torch.Tensor:
         """Logits [len(drafts) + 1, V] of this model at the root and after each draft (used when a
@@ -105,10 +118,12 @@ def build_drafter(cfg: DrafterConfig, target: TargetModel) -> Drafter:
             from decoding.exit_head import load_exit_head
 
             head = load_exit_head(cfg.head, target, cfg.exit_layer)
-        return Drafter(TargetModel(target.model, target.tokenizer, layers=range(cfg.exit_layer), exit_head=head))
+        return Drafter(TargetModel(target.model, target.tokenizer, layers=range(cfg.exit_layer), exit_head=head),
+                       shares_target=True)
     if cfg.kind == "slim":
         skip = load_mask(cfg.mask, target.num_layers)
-        return Drafter(TargetModel(target.model, target.tokenizer, layers=kept_layers(skip, target.num_layers)))
+        return Drafter(TargetModel(target.model, target.tokenizer, layers=kept_layers(skip, target.num_layers)),
+                       shares_target=True)
     from pipeline.models import load_model
 
     model, tokenizer = load_model(cfg.model)

@@ -16,6 +16,7 @@ import torch
 
 from decoding.acceptance import Verdict, accept_greedy, accept_sampling
 from decoding.metrics import GenerationStats
+from decoding.sampling import Sampler
 from decoding.target import ForwardOutput, TargetModel
 from decoding.tree import TokenTree
 
@@ -60,7 +61,8 @@ class DecodeState:
         self.temperature = temperature
         self.max_new_tokens = max_new_tokens
         self.stop_ids = stop_ids
-        self.generator = torch.Generator().manual_seed(seed)
+        # all randomness of this generation, on the device of the target's logits (decoding/sampling.py)
+        self.sampler = Sampler(seed, target.output_device)
         self.new_tokens: list[int] = []
         self.stats = GenerationStats()
         self.done = False
@@ -116,6 +118,9 @@ class Method:
     def observe(self, state: DecodeState, result: StepResult) -> None:
         """Update the method's own state after a verified step."""
 
+    def finish(self, state: DecodeState) -> None:
+        """Called once after the generation (e.g. to record a drafter's own forward counts)."""
+
     def step(self, state: DecodeState) -> None:
         t0 = time.perf_counter()
         proposal = self.propose(state)
@@ -160,7 +165,7 @@ def forward_proposal(target: TargetModel, proposal: Proposal, pending: list[int]
 def accept(state: DecodeState, tree: TokenTree, logits: torch.Tensor) -> Verdict:
     if state.greedy:
         return accept_greedy(tree, logits)
-    return accept_sampling(tree, logits, state.temperature, state.generator)
+    return accept_sampling(tree, logits, state.temperature, state.sampler)
 
 
 def verify(state: DecodeState, proposal: Proposal, decide=None, record: bool = True) -> StepResult:
@@ -233,6 +238,8 @@ def generate(
         if on_step is not None:
             on_step(state)
     state.stats.target_forwards = target.num_forwards
+    state.stats.target_forward_cost = target.forward_cost
+    method.finish(state)
     state.stats.new_tokens = len(state.new_tokens)
     state.stats.wall_s = time.perf_counter() - t0
     return state

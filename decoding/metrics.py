@@ -15,7 +15,8 @@ class GenerationStats:
     draft_s: float = 0.0
     verify_s: float = 0.0
     other_s: float = 0.0
-    target_forwards: int = 0  # full-target decode forwards (prefill excluded)
+    target_forwards: int = 0  # decode-time passes through the target (prefill excluded), full or partial
+    target_forward_cost: float = 0.0  # the same passes in full-forward units: a pass over k of L layers counts k/L
     num_steps: int = 0  # verification steps
     num_drafts: int = 0  # steps that verified at least one draft token
     num_draft_tokens: int = 0
@@ -48,8 +49,9 @@ class GenerationStats:
 
     @property
     def decoding_efficiency(self) -> float:
-        """New tokens per full-target decode forward."""
-        return self.new_tokens / self.target_forwards if self.target_forwards else 0.0
+        """New tokens per full-target forward's worth of target compute (cost-weighted: a slim pass
+        over k of L layers counts k/L, so layer-skipping methods cannot look free)."""
+        return self.new_tokens / self.target_forward_cost if self.target_forward_cost else 0.0
 
     @property
     def tokens_per_s(self) -> float:
@@ -63,7 +65,7 @@ class GenerationStats:
     def merge(self, other: "GenerationStats") -> None:
         """Add another generation's counters (e.g. the second MT-Bench turn) into this one."""
         for name in ("new_tokens", "wall_s", "prefill_s", "draft_s", "verify_s", "other_s", "target_forwards",
-                     "num_steps", "num_drafts", "num_draft_tokens", "num_accepted_tokens"):
+                     "target_forward_cost", "num_steps", "num_drafts", "num_draft_tokens", "num_accepted_tokens"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for i, v in enumerate(other.num_accepted_tokens_per_pos):
             if i < len(self.num_accepted_tokens_per_pos):

@@ -38,9 +38,12 @@ class SpeculativeDecoding(Method):
         self.drafter.begin(state.sequence)
 
     def propose(self, state: DecodeState) -> Proposal:
-        tokens, dists = self.drafter.draft(state.sequence, self.gamma, state.temperature, state.generator)
+        tokens, dists = self.drafter.draft(state.sequence, self.gamma, state.temperature, state.sampler)
         # At T=0 the drafts are argmaxes (deterministic proposals); at T>0 they were sampled from q.
-        return Proposal(TokenTree.chain(state.root, tokens, None if state.greedy else dists))
+        return Proposal(TokenTree.chain(state.root, tokens, None if state.greedy else list(dists)))
+
+    def finish(self, state: DecodeState) -> None:
+        self.drafter.record(state.stats)
 
 
 CONFIG = SDConfig

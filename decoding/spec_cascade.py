@@ -79,10 +79,15 @@ class SpeculativeCascade(Method):
 
     def begin(self, state: DecodeState) -> None:
         self.drafter.begin(state.sequence)
+        self._deferred = torch.zeros((), dtype=torch.long, device=state.target.output_device)
 
     def propose(self, state: DecodeState) -> Proposal:
-        tokens, self._q_small = self.drafter.draft(state.sequence, self.gamma, state.temperature, state.generator)
-        return Proposal(TokenTree.chain(state.root, tokens, self._q_small))
+        tokens, self._q_small = self.drafter.draft(state.sequence, self.gamma, state.temperature, state.sampler)
+        return Proposal(TokenTree.chain(state.root, tokens, list(self._q_small)))
+
+    def finish(self, state: DecodeState) -> None:
+        self.drafter.record(state.stats)
+        state.stats.add_extra("positions_deferred", int(self._deferred))
 
     def step(self, state: DecodeState) -> None:
         import time
@@ -97,14 +102,14 @@ class SpeculativeCascade(Method):
         temperature = state.temperature if state.temperature > 0 else 1.0
         q_large = torch.softmax(logits.float() / temperature, dim=-1)  # rows: root, x1, ..., xγ
         gamma = len(tree) - 1
-        pi = cascade_target(self.config.rule, self.config.alpha, torch.stack(self._q_small), q_large[:gamma])
+        pi = cascade_target(self.config.rule, self.config.alpha, self._q_small.to(q_large.device), q_large[:gamma])
         targets = torch.cat([pi, q_large[gamma:]])  # bonus position: q_l (the drafter has no q_s there)
-        deferred = (pi - q_large[:gamma]).abs().sum(-1) < 1e-9
-        state.stats.add_extra("positions_deferred", int(deferred.sum()))
+        # counted on the device, read back with the next step's host copy (no sync of its own here)
+        self._deferred = self._deferred + ((pi - q_large[:gamma]).abs().sum(-1) < 1e-9).sum()
         state.stats.add_extra("positions_scored", gamma)
         if state.greedy:
             return accept_greedy(tree, targets)
-        return accept_against(tree, lambda node: targets[node], state.generator)
+        return accept_against(tree, targets, state.sampler)
 
 
 CONFIG = SpecCascadeConfig

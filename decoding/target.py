@@ -67,12 +67,22 @@ class TargetModel:
         sliding = "sliding_attention" in (getattr(self.config, "layer_types", None) or [])
         self.context_limit: int | None = self.config.sliding_window if sliding else None
         self.cache: DynamicCache | None = None
-        self.num_forwards = 0  # decode-time forwards of the full target (prefill excluded)
+        # decode-time passes through this wrapper's weights (prefill excluded): the raw count, and the
+        # cost-weighted count in full-model units (a pass over k of the model's L layers counts k/L)
+        self.num_forwards = 0
+        self.forward_cost = 0.0
 
     # ------------------------------------------------------------------ cache
     def reset(self) -> None:
         self.cache = DynamicCache(config=self.config)
         self.num_forwards = 0
+        self.forward_cost = 0.0
+
+    @property
+    def output_device(self) -> torch.device:
+        """Where logits come out (the lm_head's device; with a device_map it may differ from `device`)."""
+        head = self.model.get_output_embeddings()
+        return head.weight.device if head is not None else self.device
 
     @property
     def cache_len(self) -> int:
@@ -82,21 +92,27 @@ class TargetModel:
     def is_full(self) -> bool:
         return len(self.layers) == self.num_layers
 
+    @torch.inference_mode()
     def keep_rows(self, prefix_len: int, rows: list[int]) -> None:
-        """Keep cache[:prefix_len] plus block rows `rows` (relative to prefix_len), dropping the rest.
+        """Keep cache[:prefix_len] plus block rows `rows` (relative to prefix_len, increasing), dropping the rest.
 
-        Our own gather: DynamicCache.crop(0) is a no-op in transformers 5 and crop() cannot
-        drop non-contiguous rows of a tree.
+        Our own gather: DynamicCache.crop(0) is a no-op in transformers 5 and crop() cannot drop
+        non-contiguous rows of a tree. Rows that already sit in place (the accepted path's leading
+        run) are left alone; the others are copied down in place, then every layer is cut: no
+        layer is copied whole.
         """
-        if rows == list(range(len(rows))):
-            self.truncate(prefix_len + len(rows))
-            return
-        index = torch.tensor([prefix_len + r for r in rows], device=self.device)
-        for layer in self.cache.layers:
-            if layer.keys is None or layer.keys.numel() == 0:
-                continue
-            layer.keys = torch.cat([layer.keys[:, :, :prefix_len], layer.keys.index_select(2, index)], dim=2)
-            layer.values = torch.cat([layer.values[:, :, :prefix_len], layer.values.index_select(2, index)], dim=2)
+        moved = next((i for i, r in enumerate(rows) if r != i), len(rows))
+        if moved < len(rows):
+            index = torch.tensor(rows[moved:], device=self.device) + prefix_len
+            start = prefix_len + moved
+            for layer in self.cache.layers:
+                if layer.keys is None or layer.keys.numel() == 0:
+                    continue
+                index = index.to(layer.keys.device)  # a device_map spreads layers over devices
+                end = start + len(rows) - moved
+                layer.keys[:, :, start:end] = layer.keys.index_select(2, index)
+                layer.values[:, :, start:end] = layer.values.index_select(2, index)
+        self.truncate(prefix_len + len(rows))
 
     def truncate(self, length: int) -> None:
         """Keep the first `length` cached tokens of every layer."""
@@ -108,14 +124,15 @@ class TargetModel:
     # ---------------------------------------------------------------- forward
     @torch.inference_mode()
     def prefill(self, ids: list[int], hidden_layers: tuple[int, ...] = ()) -> ForwardOutput:
-        """Reset the cache and run `ids` through the model (all of them are cached)."""
+        """Reset the cache and run `ids` through the model (all of them are cached). Logits come
+        back for the last row only (no [n, V] matrix over the prompt); hidden taps for every row."""
         self.reset()
         if not ids:
-            return ForwardOutput(torch.empty(0, self.config.vocab_size))
+            return ForwardOutput(torch.empty(0, self.config.vocab_size, device=self.output_device))
         tokens = torch.tensor(ids, device=self.device)
         out = self._run(tokens, torch.arange(len(ids), device=self.device), None, hidden_layers,
-                        last_only=not hidden_layers, layers=self.layers)
-        self.num_forwards = 0
+                        last_only=True, layers=self.layers)
+        self.num_forwards, self.forward_cost = 0, 0.0
         return out
 
     @torch.inference_mode()
@@ -130,11 +147,12 @@ class TargetModel:
     ) -> ForwardOutput:
         """Append a block after the cache. `depths` are offsets from the cache length (position =
         cache_len + depth); `visible` [n, n] bool says which block rows each row attends to
-        (None = plain causal chain, the cheapest case).
+        (None = plain causal chain, the cheapest case). Host tensors are moved to the device here.
 
         `active_layers` (a subset of the wrapper's layers) runs only those decoder layers: a
-        read-only pass whose block KV is dropped again, so the cache stays the full model's. It
-        does not count as a full-target forward. `last_only` computes logits for the last row only."""
+        read-only pass whose block KV is dropped again, so the cache stays the full model's; it
+        counts len(active_layers) / L of a full forward in `forward_cost`. `last_only` computes
+        logits for the last row only."""
         prefix = self.cache_len
         positions = depths.to(self.device) + prefix
         mask = None if visible is None else additive_mask(visible.to(self.device), prefix, self.dtype)
@@ -142,8 +160,8 @@ class TargetModel:
         if not set(layers) <= set(self.layers):
             raise ValueError(f"active_layers {layers} are not all layers of this wrapper")
         scratch = layers != self.layers
-        if not scratch:
-            self.num_forwards += 1
+        self.num_forwards += 1
+        self.forward_cost += len(layers) / self.num_layers
         out = self._run(tokens.to(self.device), positions, mask, hidden_layers, last_only, layers)
         if scratch:
             self.truncate(prefix)

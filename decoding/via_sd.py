@@ -27,10 +27,10 @@ from typing import Optional
 
 import torch
 
-from decoding.acceptance import sample
 from decoding.drafter import Drafter, DrafterConfig, build_drafter
 from decoding.engine import DecodeState, Method, Proposal, commit, forward_proposal, verify
 from decoding.routing import kept_layers, load_mask, random_mask
+from decoding.sampling import probabilities, to_host
 from decoding.target import TargetModel
 from decoding.tree import TokenTree
 from pipeline.errors import ConfigError, check_choice, check_range
@@ -91,48 +91,65 @@ class VIASD(Method):
             return self.middle_model.score(state.sequence, chain.tokens[1:])
         return forward_proposal(state.target, Proposal(chain), state.pending, active_layers=self.slim_layers).logits
 
-    def tier(self, p: torch.Tensor, s: torch.Tensor, x: int) -> str:
-        cfg = self.config
-        if int(s.argmax()) == x:
-            if cfg.agreement == "confidence":
-                agree = min(float(p[x]), float(s[x])) >= cfg.agree_threshold
-            elif cfg.agreement == "tv":
-                agree = float((p - s).clamp_min(0).sum()) <= cfg.agree_threshold
-            else:
-                agree = float((p * (p.clamp_min(1e-12).log() - s.clamp_min(1e-12).log())).sum()) <= cfg.agree_threshold
-            if agree:
-                return DIRECT
-        return SLIM if float(s.max()) >= cfg.slim_threshold else FULL
+    def plan(self, state: DecodeState, drafts: list[int], p: torch.Tensor, s: torch.Tensor) -> dict[str, list]:
+        """Every position's tier decision at once on the device, read back with one host copy:
+        p [γ, V] drafter, s [γ + 1, V] slim verifier q'. Per position i (draft x):
+        direct: q' picks x and the agreement test passes; slim: q' is confident (max q' >= τ_slim),
+        then `slim_ok` (x == argmax q', or u < q'(x)/p(x)) and otherwise the regenerated token
+        (argmax q', or a draw from norm(max(0, q' - p))); `bonus`: q''s token after the last draft."""
+        cfg, sampler = self.config, state.sampler.stream("via_sd").for_device(s.device)
+        p = p.to(s.device)
+        gamma = len(drafts)
+        x = torch.tensor(drafts, device=s.device)[:, None]
+        s_drafts = s[:gamma]
+        px, sx = p.gather(1, x)[:, 0], s_drafts.gather(1, x)[:, 0]
+        s_top = s.argmax(-1)
+        picks_x = s_top[:gamma] == x[:, 0]
+        if cfg.agreement == "confidence":
+            agree = torch.minimum(px, sx) >= cfg.agree_threshold
+        elif cfg.agreement == "tv":
+            agree = (p - s_drafts).clamp_min(0).sum(-1) <= cfg.agree_threshold
+        else:
+            agree = (p * (p.clamp_min(1e-12).log() - s_drafts.clamp_min(1e-12).log())).sum(-1) <= cfg.agree_threshold
+        direct = picks_x & agree
+        slim = ~direct & (s_drafts.max(-1).values >= cfg.slim_threshold)
+        if state.greedy:
+            slim_ok, regen, bonus = picks_x, s_top[:gamma], s_top[gamma:]
+        else:
+            slim_ok = sampler.uniform(gamma) * px.clamp_min(1e-30) < sx  # u < min(1, q'(x) / p(x))
+            residual = (s_drafts - p).clamp_min(0)
+            has_residual = residual.sum(-1) > 1e-12
+            drawn = sampler.categorical(torch.where(has_residual[:, None], residual, s_drafts))
+            regen = torch.where(has_residual, drawn, s_top[:gamma])
+            bonus = sampler.categorical(s[gamma:])
+        names = ("direct", "slim", "slim_ok", "regen", "bonus")
+        return dict(zip(names, to_host(direct, slim, slim_ok, regen, bonus)))
 
     def step(self, state: DecodeState) -> None:
         t0 = time.perf_counter()
-        drafts, p = self.drafter.draft(state.sequence, self.gamma, state.temperature, state.generator)
+        drafts, p = self.drafter.draft(state.sequence, self.gamma, state.temperature, state.sampler)
         t1 = time.perf_counter()
-        chain = TokenTree.chain(state.root, drafts, p)
-        s = torch.softmax(self.middle_logits(state, chain) / (state.temperature or 1.0), dim=-1)
+        chain = TokenTree.chain(state.root, drafts, list(p))
+        s = probabilities(self.middle_logits(state, chain), state.temperature)
         state.stats.add_extra("slim_forwards", 1)
+        plan = self.plan(state, drafts, p, s)
         settled: list[int] = []  # drafts kept by tiers 1-2
         tiers: list[str] = []  # which of the two kept each of them
         for i, x in enumerate(drafts):
-            tier = self.tier(p[i], s[i], x)
-            if tier == DIRECT:
+            if plan["direct"][i]:
                 settled.append(x)
                 tiers.append(DIRECT)
-                continue
-            if tier == SLIM:
-                ok = int(s[i].argmax()) == x if state.greedy else (
-                    float(torch.rand((), generator=state.generator)) < min(1.0, float(s[i][x]) / max(float(p[i][x]), 1e-30)))
-                if ok:
-                    settled.append(x)
-                    tiers.append(SLIM)
-                    continue
-                residual = (s[i] - p[i]).clamp_min(0)
-                regen = int(s[i].argmax()) if state.greedy or residual.sum() <= 1e-12 else sample(
-                    residual / residual.sum(), state.generator)
-                return self._finish(state, settled, tiers, regen, t0, t1)
-            return self._escalate(state, drafts, p, i, settled, tiers, t0, t1)
-        bonus = int(s[-1].argmax()) if state.greedy else sample(s[-1], state.generator)
-        return self._finish(state, settled, tiers, bonus, t0, t1)
+            elif plan["slim"][i] and plan["slim_ok"][i]:
+                settled.append(x)
+                tiers.append(SLIM)
+            elif plan["slim"][i]:  # q' rejects x: its own token ends the block
+                return self._finish(state, settled, tiers, plan["regen"][i], t0, t1)
+            else:
+                return self._escalate(state, drafts, p, i, settled, tiers, t0, t1)
+        return self._finish(state, settled, tiers, plan["bonus"][0], t0, t1)
+
+    def finish(self, state: DecodeState) -> None:
+        self.drafter.record(state.stats)
 
     @staticmethod
     def _count_tiers(state, tiers: list[str], n_committed: int) -> None:
@@ -154,7 +171,7 @@ class VIASD(Method):
         self._count_tiers(state, tiers, len(committed))
         accepted = len(committed)
         if not state.done:
-            proposal = Proposal(TokenTree.chain(state.root, drafts[i:], None if state.greedy else p[i:]))
+            proposal = Proposal(TokenTree.chain(state.root, drafts[i:], None if state.greedy else list(p[i:])))
             result = verify(state, proposal, record=False)
             accepted += result.verdict.num_accepted
             state.stats.add_extra("settled_full", len(result.committed))

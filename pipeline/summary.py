@@ -10,6 +10,8 @@ SUM_KEYS = ("new_tokens", "wall_s", "prefill_s", "draft_s", "verify_s", "other_s
 
 def totals(rows: list[dict]) -> dict:
     out = {k: sum(r[k] for r in rows) for k in SUM_KEYS}
+    # rows written before cost weighting existed count every pass as a full one
+    out["target_forward_cost"] = sum(r.get("target_forward_cost", r["target_forwards"]) for r in rows)
     per_pos: list[int] = []
     extra: dict = {}
     for r in rows:
@@ -23,7 +25,8 @@ def totals(rows: list[dict]) -> dict:
     steps = out["num_steps"]
     out["tokens_per_s"] = out["new_tokens"] / out["wall_s"] if out["wall_s"] else 0.0
     out["tau"] = (out["num_accepted_tokens"] + steps) / steps if steps else 0.0
-    out["decoding_efficiency"] = out["new_tokens"] / out["target_forwards"] if out["target_forwards"] else 0.0
+    cost = out["target_forward_cost"]
+    out["decoding_efficiency"] = out["new_tokens"] / cost if cost else 0.0  # cost-weighted (decoding/metrics.py)
     # acceptance rate per draft position: accepted at depth d / steps that drafted (vLLM's view)
     out["acceptance_per_pos"] = [v / out["num_drafts"] for v in per_pos] if out["num_drafts"] else []
     # share of drafted tokens that did not end up in the output (VIA-SD's headline comparison)

@@ -6,6 +6,7 @@ import torch
 from scipy.stats import chisquare
 
 from decoding.acceptance import accept_greedy, accept_sampling
+from decoding.sampling import Sampler
 from decoding.tree import TokenTree
 
 V = 6
@@ -29,9 +30,10 @@ def test_greedy_follows_argmax_and_returns_bonus():
 def emitted_first_two(tree, logits, n, seed):
     """Empirical joint distribution of the first two committed tokens."""
     gen = torch.Generator().manual_seed(seed)
+    sampler = Sampler(seed + 1)
     counts = torch.zeros(V, V)
     for _ in range(n):
-        verdict = accept_sampling(tree, logits, TEMPERATURE, gen)
+        verdict = accept_sampling(tree, logits, TEMPERATURE, sampler)
         toks = [tree.tokens[i] for i in verdict.path[1:]] + [verdict.bonus]
         if len(toks) < 2:  # only the bonus was emitted: the second token comes from the next step
             nxt = torch.multinomial(torch.softmax(logits_next[toks[0]] / TEMPERATURE, -1), 1, generator=gen).item()
@@ -80,6 +82,7 @@ def test_sampled_children_without_replacement_keep_target_distribution(n_childre
     """Children drawn from a draft q without replacement (a chain when n_children=1)."""
     q = torch.softmax(torch.randn(V, generator=torch.Generator().manual_seed(5)), -1)
     gen = torch.Generator().manual_seed(1)
+    sampler = Sampler(11)
     n = 30000
     logits_root = logits_for(1, seed=3)[0]
     p = torch.softmax(logits_root / TEMPERATURE, -1)
@@ -89,7 +92,7 @@ def test_sampled_children_without_replacement_keep_target_distribution(n_childre
         kids = torch.multinomial(q, n_children, replacement=False, generator=gen).tolist()
         tree = TokenTree([0] + kids, [-1] + [0] * n_children, [None] + [q] * n_children)
         logits = torch.cat([logits_root[None], torch.zeros(n_children, V)])
-        verdict = accept_sampling(tree, logits, TEMPERATURE, gen)
+        verdict = accept_sampling(tree, logits, TEMPERATURE, sampler)
         first = tree.tokens[verdict.path[1]] if len(verdict.path) > 1 else verdict.bonus
         counts[first] += 1
     assert chisquare(counts.numpy(), (p * n).numpy()).pvalue > 1e-3
@@ -101,11 +104,12 @@ def test_acceptance_rate_of_a_chain_is_one_minus_total_variation():
     logits_root = logits_for(1, seed=9)[0]
     p = torch.softmax(logits_root / TEMPERATURE, -1)
     gen = torch.Generator().manual_seed(2)
+    sampler = Sampler(12)
     n, accepted = 20000, 0
     for _ in range(n):
         x = torch.multinomial(q, 1, generator=gen).item()
         tree = TokenTree.chain(0, [x], [q])
-        verdict = accept_sampling(tree, torch.cat([logits_root[None], torch.zeros(1, V)]), TEMPERATURE, gen)
+        verdict = accept_sampling(tree, torch.cat([logits_root[None], torch.zeros(1, V)]), TEMPERATURE, sampler)
         accepted += verdict.num_accepted
     expected = torch.minimum(p, q).sum().item()
     assert abs(accepted / n - expected) < 4 * (expected * (1 - expected) / n) ** 0.5

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from decoding.domino_head import correction, gru_path_state
+from decoding.domino_head import Float32Head, correction, gru_path_state
 from decoding.domino_scorer import FastScorer, ReferenceScorer
 from decoding.draft_tree import build_best_first, marginal_expand
 from decoding.verify_cost import CostAwareStop, VerifyCostModel, fit_monotone_convex
@@ -80,25 +80,33 @@ def test_conditional_tree_matches_brute_force_scoring_of_every_path(seed, tiny_d
             return cand[local].tolist(), vals.tolist()
 
     want = brute_force_tree(score_children, len(base), budget)
-    for scorer in (ReferenceScorer(drafter, embed, z, base, k, m), FastScorer(drafter, embed, z, base, k, m, budget)):
+    head = Float32Head(drafter)
+    for scorer in (ReferenceScorer(drafter, head, embed, z, base, k, m),
+                   FastScorer(drafter, head, embed, z, base, k, m, budget)):
         got = tree_paths(build_best_first(root, scorer, budget, max_depth=len(base)))
         assert got.keys() == want.keys()
         for p in want:
             assert got[p] == pytest.approx(want[p], abs=1e-4)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("seed", range(12))
-def test_fast_builder_builds_exactly_the_reference_trees(seed, tiny_drafter):
+def test_fast_builder_builds_exactly_the_reference_trees(seed, dtype, tiny_drafter):
+    """Also for a bf16 drafter: both builders run the head in fp32 (Float32Head), so their
+    scores differ by fp32 rounding only (stated tolerance 1e-5) and the trees are the same."""
     drafter, embed, z, base = domino_case(tiny_drafter, seed, vocab=40, depth=6)
-    ref = build_best_first(3, ReferenceScorer(drafter, embed, z, base, 8, 16), 24, max_depth=6)
-    fast = build_best_first(3, FastScorer(drafter, embed, z, base, 8, 16, 24), 24, max_depth=6)
+    drafter, embed, z = drafter.to(dtype), embed.to(dtype), z.to(dtype)
+    base = base.to(dtype).float()  # lm_head output of a bf16 model, read out in fp32
+    head = Float32Head(drafter)
+    ref = build_best_first(3, ReferenceScorer(drafter, head, embed, z, base, 8, 16), 24, max_depth=6)
+    fast = build_best_first(3, FastScorer(drafter, head, embed, z, base, 8, 16, 24), 24, max_depth=6)
     assert fast.tree.tokens == ref.tree.tokens and fast.tree.parents == ref.tree.parents
     np.testing.assert_allclose(fast.scores, ref.scores, atol=1e-5)
 
 
 def test_conditional_scores_depend_on_the_path(tiny_drafter):
     drafter, embed, z, base = domino_case(tiny_drafter, 1)
-    built = build_best_first(4, ReferenceScorer(drafter, embed, z, base, 3, 9), 30, max_depth=4)
+    built = build_best_first(4, ReferenceScorer(drafter, Float32Head(drafter), embed, z, base, 3, 9), 30, max_depth=4)
     tree = built.tree
     by_depth = {}
     for node in range(1, len(tree)):

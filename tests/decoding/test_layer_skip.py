@@ -32,7 +32,9 @@ def test_slim_pass_reads_the_cache_and_leaves_it_untouched(tiny_target):
     before = all_cache(target)
     last = target.num_layers - 1
     out = target.forward(torch.tensor(ids[4:]), torch.arange(2), None, active_layers=range(last))
-    assert target.cache_len == 4 and target.num_forwards == 0
+    assert target.cache_len == 4
+    # a pass over L-1 of L layers is counted, at (L-1)/L of a full forward (cost-weighted forwards)
+    assert target.num_forwards == 1 and target.forward_cost == pytest.approx(last / target.num_layers)
     for (k, v), (k0, v0) in zip(all_cache(target), before):
         assert torch.equal(k, k0) and torch.equal(v, v0)
     # Skipping only the last layer: the block rows equal the full model's hidden state after layer

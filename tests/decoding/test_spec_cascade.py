@@ -8,6 +8,7 @@ import torch
 from scipy.stats import chisquare
 
 from decoding.acceptance import accept_against
+from decoding.sampling import Sampler
 from decoding.drafter import DrafterConfig
 from decoding.engine import generate
 from decoding.sd import SDConfig, SpeculativeDecoding
@@ -50,11 +51,12 @@ def test_speculative_sampling_against_pi_emits_pi():
     """One drafted token x ~ q_s, accepted with min(1, π(x)/q_s(x)), else residual norm(max(0, π - q_s))."""
     pi = cascade_target("v1", 0.2, QS, QL)
     gen = torch.Generator().manual_seed(0)
+    sampler = Sampler(1)
     n = 4000
     counts = collections.Counter()
     for _ in range(n):
         x = int(torch.multinomial(QS, 1, generator=gen))
-        verdict = accept_against(TokenTree.chain(9, [x], [QS]), lambda node: pi if node == 0 else QL, gen)
+        verdict = accept_against(TokenTree.chain(9, [x], [QS]), torch.stack([pi, QL]), sampler)
         counts[x if verdict.num_accepted else verdict.bonus] += 1
     probs = [float(p) for p in pi]
     assert chisquare([counts[v] for v in range(3)], [n * p / sum(probs) for p in probs]).pvalue > 1e-3

@@ -43,7 +43,13 @@ def test_tiers_one_and_two_alone_never_run_the_full_model(tiny_target, mask_file
     via = make(VIASD, VIASDConfig(mask=mask_file, agree_threshold=0.0, slim_threshold=0.0), tiny_target)
     state = generate(via, tiny_target, PROMPTS[0], max_new_tokens=20, temperature=1.0, seed=1)
     assert len(state.new_tokens) == 20
-    assert state.stats.target_forwards == 0
+    # every target pass was a slim one (3 of 4 layers): counted, at 3/4 of a full forward each
+    slim = state.stats.extra["slim_forwards"]
+    assert state.stats.target_forwards == slim
+    assert state.stats.target_forward_cost == pytest.approx(0.75 * slim)
+    assert state.stats.decoding_efficiency == pytest.approx(20 / (0.75 * slim))
+    # the early-exit drafter (2 of 4 layers) reports its own cost in the same units
+    assert state.stats.extra["drafter_forward_cost"] == pytest.approx(0.5 * state.stats.extra["drafter_forwards"])
     assert state.stats.extra["settled_direct"] + state.stats.extra["settled_slim"] == 20
 
 

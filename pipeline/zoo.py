@@ -1,0 +1,125 @@
+"""Every method on a randomly initialised model: the smoke-test zoo behind
+`benchmarks/gpu_smoke.py`, `benchmarks/bench_host_overhead.py` and the engine-wide tests.
+
+- `random_target(shape, dtype, device)`: a Qwen3-architecture target with random weights
+  (`tiny`: 6 layers, hidden 64, vocab 512, a forward of about a millisecond on a CPU core;
+  `qwen3-1.7b`: Qwen3-1.7B's shape, vocab 151936, for a GPU);
+- `save_random_drafters(target, folder)`: a DFlash and a Domino drafter with random weights,
+  written in the published layout (the z-lab / Huang2020 config fields: `block_size`,
+  `dflash_config.{mask_token_id, target_layer_ids}`, `projector_type: domino`, `gru_hidden_dim`,
+  `emb_dim`, `pure_draft_prefix_len: 1`, `shift_label: true`, and their tensor names), so they
+  load through the same code as a hub checkpoint;
+- `build_method(name, target, folder)`: a method at its config defaults, with those drafters, an
+  early-exit drafter at half depth for the drafter-verifier methods and a routing mask that
+  skips every third layer for the slim ones.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from decoding.target import TargetModel
+
+SHAPES = {
+    # name: (Qwen3Config fields, drafter fields)
+    "tiny": (dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=16),
+             dict(num_hidden_layers=1, intermediate_size=128, gru_hidden_dim=32, emb_dim=16, taps=3)),
+    "qwen3-1.7b": (dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=28,
+                        num_attention_heads=16, num_key_value_heads=8, head_dim=128),
+                   dict(num_hidden_layers=2, intermediate_size=6144, gru_hidden_dim=1024, emb_dim=256, taps=5)),
+}
+
+METHODS = ("ar", "pld", "lookahead", "self_draft", "ptd", "ptd_forest", "sd", "sd_slim", "spec_cascade", "via_sd",
+           "dflash", "ddtree", "caddtree", "domino", "dominotree", "dominotree_reference")
+LOSSLESS = tuple(m for m in METHODS if m not in ("spec_cascade", "via_sd"))
+
+
+def random_target(shape: str = "tiny", dtype=torch.float32, device="cpu", seed: int = 0,
+                  init_range: float = 0.2) -> TargetModel:
+    """Random weights; `init_range` 0.2 (not the usual 0.02) gives peaked next-token distributions,
+    so greedy outputs are not decided by near-ties everywhere."""
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    fields, _ = SHAPES[shape]
+    config = Qwen3Config(**fields, max_position_embeddings=4096, initializer_range=init_range, eos_token_id=2,
+                         bos_token_id=1, pad_token_id=0, tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    return TargetModel(model.eval())
+
+
+def save_random_drafters(target: TargetModel, folder: Path, shape: str = "tiny", seed: int = 0) -> dict[str, str]:
+    """{"dflash": dir, "domino": dir} with random drafters for `target`, saved in its dtype."""
+    from decoding.dflash_drafter import DFlashDrafter, DrafterSpec, default_target_layer_ids, save_drafter
+
+    _, d = SHAPES[shape]
+    cfg = target.config
+    dirs = {}
+    for kind in ("dflash", "domino"):
+        domino = kind == "domino"
+        spec = DrafterSpec(hidden_size=cfg.hidden_size, num_hidden_layers=d["num_hidden_layers"],
+                           num_attention_heads=cfg.num_attention_heads, num_key_value_heads=cfg.num_key_value_heads,
+                           head_dim=cfg.head_dim, intermediate_size=d["intermediate_size"], vocab_size=cfg.vocab_size,
+                           target_layer_ids=default_target_layer_ids(cfg.num_hidden_layers, d["taps"]),
+                           mask_token_id=cfg.vocab_size - 1, block_size=16, num_target_layers=cfg.num_hidden_layers,
+                           rope_theta=float(getattr(cfg, "rope_theta", None) or 1_000_000.0),
+                           projector_type="domino" if domino else None,
+                           gru_hidden_dim=d["gru_hidden_dim"] if domino else None,
+                           emb_dim=d["emb_dim"] if domino else None, pure_draft_prefix_len=1 if domino else 0,
+                           shift_label=domino)
+        torch.manual_seed(seed + domino)
+        with torch.device(target.device):
+            model = DFlashDrafter(spec)
+        with torch.no_grad():
+            for p in model.parameters():
+                torch.nn.init.normal_(p, std=0.3 / p.shape[-1] ** 0.5 * 8) if p.dim() == 2 else p.uniform_(0.5, 1.5)
+        path = Path(folder) / kind
+        save_drafter(model, path, dtype=target.dtype)
+        dirs[kind] = str(path)
+    return dirs
+
+
+def build_method(name: str, target: TargetModel, folder: Path, shape: str = "tiny", **overrides):
+    """`name` (one of METHODS) at its defaults on `target`; drafters and a mask go to `folder`."""
+    from hydra.utils import get_class
+
+    from decoding import method_configs
+    from decoding.drafter import DrafterConfig
+    from decoding.routing import save_mask
+
+    folder = Path(folder)
+    layers = target.num_layers
+    mask = folder / "random-dimr.json"
+    if not mask.exists():
+        save_mask(mask, list(range(1, layers - 1, 3)), num_layers=layers, model="random")
+    drafters = folder / "drafters"
+    if not (drafters / "domino" / "config.json").exists():
+        save_random_drafters(target, drafters, shape)
+    configs = method_configs()
+    base = {"ptd_forest": "ptd", "sd_slim": "sd", "dominotree_reference": "dominotree"}.get(name, name)
+    fields = dict(overrides)
+    if name == "ptd_forest":
+        fields.update(name="ptd_forest", width=2, num_seeds=4, verification_budget=16, drafting_budget=24,
+                      context_subtrees=False, recycle=False, graft=False)  # conf/method/ptd_forest.yaml
+    if name == "dominotree_reference":
+        fields.update(builder="reference")
+    if base in ("dflash", "ddtree", "caddtree"):
+        fields.setdefault("drafter", str(drafters / "dflash"))
+    if base in ("domino", "dominotree"):
+        fields.setdefault("drafter", str(drafters / "domino"))
+    if base == "via_sd":
+        fields.setdefault("mask", str(mask))
+    cfg = configs[base](**fields)
+    cls = get_class(cfg._target_)
+    if getattr(cls, "uses_drafter", False):
+        drafter = DrafterConfig(kind="slim", mask=str(mask)) if name == "sd_slim" else \
+            DrafterConfig(exit_layer=max(1, layers // 2))
+        method = cls(cfg, drafter=drafter)
+    else:
+        method = cls(cfg)
+    method.setup(target)
+    return method
