@@ -8,7 +8,7 @@ import sys
 from contextlib import contextmanager
 
 from decoding.engine import ContextLimitError
-from pipeline.errors import ConfigError
+from pipeline.errors import ConfigError, one_line  # noqa: F401 (one_line: re-exported)
 from pipeline.models import ModelLoadError
 from pipeline.tasks import TaskDataError
 
@@ -114,7 +114,3 @@ def chain(err: BaseException):
 def full_text(err: BaseException) -> str:
     return "\n".join(str(e) for e in chain(err))
 
-
-def one_line(err: BaseException) -> str:
-    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
-    return lines[0] if lines else type(err).__name__

@@ -16,3 +16,9 @@ def check_range(field: str, value, low=None, high=None) -> None:
     if (low is not None and value < low) or (high is not None and value > high):
         bounds = f"[{'-inf' if low is None else low}, {'inf' if high is None else high}]"
         raise ConfigError(f"{field}={value!r} is out of range {bounds}")
+
+
+def one_line(err: BaseException) -> str:
+    """The first non-empty line of an exception's message (its type name if it has none)."""
+    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+    return lines[0] if lines else type(err).__name__

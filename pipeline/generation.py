@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import os
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -24,6 +24,7 @@ class GenerationSettings:
     seed: int
     stop_ids: set[int]
     warmup: int = 1
+    chat_template_kwargs: dict = field(default_factory=dict)  # the model's (ModelConfig.chat_template_kwargs)
 
 
 def read_results(path: Path, repair: bool = False) -> dict[str, dict]:
@@ -66,7 +67,7 @@ def generate_example(method: Method, target: TargetModel, task_cfg, example: Exa
     stats = GenerationStats()
     for turn_index, user_text in enumerate(example.turns):
         history.append((user_text, None))
-        prompt_ids = build_chat(tokenizer, task_cfg, history)
+        prompt_ids = build_chat(tokenizer, task_cfg, history, settings.chat_template_kwargs)
         state = generate(method, target, prompt_ids, max_new_tokens=settings.max_new_tokens,
                          temperature=settings.temperature, stop_ids=settings.stop_ids,
                          seed=example_seed(settings.seed + turn_index, example.id), on_step=on_step)
@@ -83,7 +84,7 @@ def generate_example(method: Method, target: TargetModel, task_cfg, example: Exa
 def warm_up(method: Method, target: TargetModel, task_cfg, example: Example, settings: GenerationSettings) -> None:
     """Untimed short generations so first-call costs (allocator, kernels) are not measured."""
     for _ in range(settings.warmup):
-        prompt_ids = build_chat(target.tokenizer, task_cfg, [(example.turns[0], None)])
+        prompt_ids = build_chat(target.tokenizer, task_cfg, [(example.turns[0], None)], settings.chat_template_kwargs)
         generate(method, target, prompt_ids, max_new_tokens=min(16, settings.max_new_tokens),
                  temperature=settings.temperature, stop_ids=settings.stop_ids, seed=settings.seed)
 
@@ -107,3 +108,31 @@ def run_examples(method: Method, target: TargetModel, task_cfg, examples: list[E
         if on_row is not None:
             on_row(row)
     return [done[ex.id] for ex in examples if ex.id in done]
+
+
+def diagnose_mismatches(target: TargetModel, task_cfg, examples: list[Example], rows: list[dict],
+                        reference: list[dict], settings: GenerationSettings) -> list[dict]:
+    """For every example whose greedy output differs from the AR reference: the first turn and
+    position that differ and whether AR's logit margin there is a numeric near-tie
+    (decoding/ties.py). Earlier turns are equal, so the differing turn's prompt is rebuilt from
+    AR's own answers."""
+    from decoding.ties import diagnose
+
+    by_id = {ex.id: ex for ex in examples}
+    ref = {r["id"]: r for r in reference}
+    out = []
+    for row in rows:
+        other = ref.get(row["id"])
+        if other is None or row["output_ids"] == other["output_ids"]:
+            continue
+        example = by_id[row["id"]]
+        history: list[tuple[str, str | None]] = []
+        for turn, (ar_ids, ids) in enumerate(zip(other["output_ids"], row["output_ids"])):
+            history.append((example.turns[turn], None))
+            if ar_ids != ids:
+                prompt = build_chat(target.tokenizer, task_cfg, history, settings.chat_template_kwargs)
+                found = diagnose(target, prompt, ar_ids, ids)
+                out.append({"id": row["id"], "turn": turn, **found.to_dict()})
+                break
+            history[-1] = (example.turns[turn], other["outputs"][turn])
+    return out

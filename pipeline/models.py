@@ -18,7 +18,7 @@ import tempfile
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
@@ -40,7 +40,10 @@ class ModelConfig:
     wheels: list[str] = field(default_factory=list)
     gguf_file: Optional[str] = None  # file name of the GGUF inside the wheel(s)
     gguf_sha256: Optional[str] = None  # checked after assembling chunks
-    dtype: str = "float32"  # float32 | bfloat16 | float16 | auto
+    # float32 | bfloat16 | float16 | auto: bf16 on a GPU (device_map set) or on a CPU with native bf16
+    # (avx512_bf16 / AMX), else fp32 (resolve_dtype; the offline models use it); the dtype chosen is
+    # recorded in the run summary
+    dtype: str = "float32"
     device_map: Optional[str] = None  # accelerate device_map ("auto" on GPU nodes); None = CPU
     attn_implementation: str = "sdpa"  # sdpa | eager (both take our float tree masks)
     revision: Optional[str] = None
@@ -48,6 +51,9 @@ class ModelConfig:
     # trained drafters of this target by kind (dflash, domino): HF hub id or folder (relative paths
     # are also looked up from the project root); block-diffusion methods default to these
     drafters: dict[str, str] = field(default_factory=dict)
+    # passed to the tokenizer's chat template with every prompt, e.g. {enable_thinking: false} for
+    # Qwen3 (the published DFlash/Domino drafters are trained for non-thinking answers)
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check_choice("model.source", self.source, ("hub", "gguf_wheel"))
@@ -127,6 +133,29 @@ def _fetch_gguf(cfg: ModelConfig, tmp: Path) -> str:
     return str(out_dir)
 
 
+def cpu_has_native_bf16() -> bool:
+    """True where the CPU computes bf16 natively (x86 avx512_bf16 or AMX, Arm's bf16 extension); there a
+    bf16 forward is faster than fp32 and batches of rows scale like on a GPU. Elsewhere bf16 is emulated."""
+    cpu = getattr(torch, "cpu", None)
+    for probe in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"):
+        check = getattr(cpu, probe, None)
+        if check is not None and check():
+            return True
+    try:  # aarch64: the kernel lists the bf16 feature
+        return " bf16" in Path("/proc/cpuinfo").read_text() and os.uname().machine == "aarch64"
+    except OSError:
+        return False
+
+
+def resolve_dtype(name: str, device_map: Optional[str] = None) -> torch.dtype:
+    """The torch dtype for `ModelConfig.dtype` (see there for `auto`)."""
+    if name != "auto":
+        return getattr(torch, name)
+    if device_map is not None and torch.cuda.is_available():
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
+
+
 def load_model(cfg: ModelConfig):
     """Returns (model, tokenizer), model in eval mode."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -135,7 +164,7 @@ def load_model(cfg: ModelConfig):
     hf_logging.disable_progress_bar()  # our own progress bar is the one that matters
 
     location = resolve_model_dir(cfg)
-    dtype = "auto" if cfg.dtype == "auto" else getattr(torch, cfg.dtype)
+    dtype = resolve_dtype(cfg.dtype, cfg.device_map)
     kwargs = dict(dtype=dtype, attn_implementation=cfg.attn_implementation, revision=cfg.revision,
                   trust_remote_code=cfg.trust_remote_code)
     if cfg.device_map:

@@ -18,14 +18,16 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-COLUMNS = ("model", "task", "temperature", "method", "settings", "num_prompts", "speedup", "tau",
-           "decoding_efficiency", "quality_metric", "quality", "ar_quality", "match_rate", "rejection_rate",
+COLUMNS = ("model", "task", "temperature", "method", "settings", "dtype", "num_prompts", "speedup", "tau",
+           "decoding_efficiency", "quality_metric", "quality", "ar_quality", "match_rate", "match_ties",
+           "match_divergences", "rejection_rate",
            "draft_redundancy", "tokens_per_s", "ar_tokens_per_s", "num_drafts", "num_draft_tokens", "num_accepted_tokens",
            "lossless", "experiment", "ar_reference", "run_dir")
 MARKDOWN_COLUMNS = (("model", "model"), ("task", "task"), ("temperature", "T"), ("method", "method"),
                     ("settings", "settings"), ("num_prompts", "n"), ("speedup", "speedup"), ("tau", "τ"),
                     ("decoding_efficiency", "DE"), ("quality", "quality"), ("ar_quality", "AR quality"),
-                    ("match_rate", "match"), ("rejection_rate", "rejection"), ("tokens_per_s", "tok/s"),
+                    ("match_rate", "match"), ("match_ties", "ties"), ("match_divergences", "diverged"),
+                    ("rejection_rate", "rejection"), ("tokens_per_s", "tok/s"),
                     ("ar_tokens_per_s", "AR tok/s"))
 
 
@@ -60,6 +62,9 @@ def collect(paths: list[Path]) -> Collected:
     out.rows, dropped = latest_per_key(out.rows)
     out.notes += [f"{d} is superseded by a newer run of the same configuration" for d in dropped]
     out.notes += mixed_references(out.rows)
+    out.notes += [f"warning: {r['model']}/{r['task']}/T={r['temperature']:g} {r['method']}: {len(r['_divergent_ids'])} "
+                  f"prompt(s) diverge from AR beyond a numeric near-tie: {', '.join(r['_divergent_ids'])}"
+                  for r in out.rows if r["_divergent_ids"]]
     return out
 
 
@@ -75,6 +80,9 @@ def row_from_summary(path: Path) -> dict:
         "quality_metric": metric, "quality": (s.get("quality") or {}).get(metric) if metric else None,
         "ar_quality": (s.get("ar_quality") or {}).get(metric) if metric else None,
         "match_rate": s.get("match_rate"),
+        # mismatching prompts whose first divergence is a numeric near-tie, and the real divergences
+        "match_ties": s.get("match_ties"), "match_divergences": s.get("match_divergences"),
+        "dtype": s.get("dtype"), "_divergent_ids": s.get("divergent_ids") or [],
         # vLLM's draft acceptance rate, inverted: share of drafted tokens (tree nodes for tree methods) rejected
         "rejection_rate": s.get("rejection_rate"), "draft_redundancy": s.get("draft_redundancy"),
         "tokens_per_s": s.get("tokens_per_s"), "ar_tokens_per_s": s.get("ar_tokens_per_s"),
@@ -176,8 +184,10 @@ def to_markdown(collected: Collected) -> str:
             cells[head.index("quality")] = f"{fmt(r['quality'])} {r['quality_metric']}"
         lines.append("| " + " | ".join(cells) + " |")
     text = ("Speedup: tokens/s over the AR reference of the same model, task, settings and machine. τ: mean "
-            "accepted tokens per verification (bonus included). DE: new tokens per target forward. match: "
-            "share of prompts identical to AR (lossless methods at T=0). rejection: drafted tokens rejected.\n\n")
+            "accepted tokens per verification (bonus included). DE: new tokens per target forward (cost-weighted: a "
+            "pass over k of L layers counts k/L). match: share of prompts identical to AR (lossless methods at T=0); "
+            "ties / diverged: mismatching prompts whose first difference is a numeric near-tie of AR's logits / is "
+            "not. rejection: drafted tokens rejected.\n\n")
     text += "\n".join(lines) + "\n"
     if collected.notes:
         text += "\nNotes:\n" + "".join(f"- {n}\n" for n in collected.notes)

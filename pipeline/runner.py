@@ -17,11 +17,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from decoding.engine import Method
 from decoding.target import TargetModel
-from pipeline.generation import GenerationSettings, read_results, run_examples
+from pipeline.generation import GenerationSettings, diagnose_mismatches, read_results, run_examples
 from pipeline.models import load_model, stop_token_ids
 from pipeline.progress import RunProgress
 from pipeline.schema import RunConfig
-from pipeline.summary import summarize
+from pipeline.summary import add_tie_diagnosis, summarize
 from pipeline.tasks import load_examples
 from pipeline.tracking import make_tracker
 
@@ -98,7 +98,8 @@ def run(cfg: DictConfig, run_dir: Path, show_progress: bool = True) -> dict:
     target = TargetModel(model, tokenizer)
     settings = GenerationSettings(
         max_new_tokens=rc.max_new_tokens or rc.task.max_new_tokens, temperature=rc.temperature,
-        seed=rc.seed, stop_ids=stop_token_ids(model, tokenizer), warmup=rc.warmup)
+        seed=rc.seed, stop_ids=stop_token_ids(model, tokenizer), warmup=rc.warmup,
+        chat_template_kwargs=dict(rc.model.chat_template_kwargs))
     method = build_method(rc.method, target, rc.drafter)
 
     tracker = make_tracker(rc.tracker, OmegaConf.to_container(cfg, resolve=True), run_dir, job_type=method.name,
@@ -113,14 +114,23 @@ def run(cfg: DictConfig, run_dir: Path, show_progress: bool = True) -> dict:
             rows = run_examples(method, target, rc.task, examples, settings, results_path,
                                 on_row=tracker.log_prompt, progress=progress)
         summary = summarize(rc, method, examples, rows, reference)
+        summary["dtype"] = str(target.dtype).removeprefix("torch.")
+        summary["chat_template_kwargs"] = dict(rc.model.chat_template_kwargs)
+        if "mismatched_ids" in summary:  # a lossless method at T=0: tell near-ties from real divergences
+            add_tie_diagnosis(summary, diagnose_mismatches(target, rc.task, examples, rows, reference, settings)
+                              if summary["mismatched_ids"] else [])
         summary["run_dir"] = str(run_dir)
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         tracker.log_summary(summary)
         tracker.log_table("prompts", [{k: v for k, v in r.items() if k != "output_ids"} for r in rows])
     finally:
         tracker.finish()
-    log.info("summary: %s", json.dumps({k: summary[k] for k in ("method", "tokens_per_s", "tau", "speedup",
-                                                                 "match_rate") if k in summary}))
+    log.info("summary: %s", json.dumps({k: summary[k] for k in ("method", "dtype", "tokens_per_s", "tau", "speedup",
+                                                                 "match_rate", "match_ties", "match_divergences")
+                                        if k in summary}))
+    if summary.get("divergent_ids"):
+        log.warning("%s: %d prompt(s) diverge from AR beyond a numeric near-tie (not explained by %s rounding): %s",
+                    method.name, len(summary["divergent_ids"]), summary["dtype"], ", ".join(summary["divergent_ids"]))
     return summary
 
 

@@ -74,3 +74,12 @@ def compare_to_reference(rows: list[dict], reference: list[dict], check_match: b
         out["match_rate"] = sum(matches) / len(matches)
         out["mismatched_ids"] = [r["id"] for r, m in zip(both, matches) if not m]
     return out
+
+
+def add_tie_diagnosis(summary: dict, diagnosis: list[dict]) -> None:
+    """Counts of mismatching prompts whose first divergence is a numeric near-tie vs a real one
+    (pipeline.generation.diagnose_mismatches)."""
+    summary["mismatch_diagnosis"] = diagnosis
+    summary["match_ties"] = sum(d["kind"] == "tie" for d in diagnosis)
+    summary["match_divergences"] = sum(d["kind"] == "divergence" for d in diagnosis)
+    summary["divergent_ids"] = [d["id"] for d in diagnosis if d["kind"] == "divergence"]

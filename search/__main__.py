@@ -13,7 +13,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline.cli import USER_ERRORS, exit_on_user_error, precheck_overrides
-from search.study import register_configs
+from search.study import TrialFailed, register_configs
 
 register_configs()
 
@@ -24,7 +24,7 @@ def main(cfg: DictConfig) -> float | None:
     from search.study import run_study
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    with exit_on_user_error(USER_ERRORS):
+    with exit_on_user_error((*USER_ERRORS, TrialFailed)):
         sc = OmegaConf.to_object(cfg)
         tracker = make_tracker(sc.tracker, OmegaConf.to_container(cfg, resolve=True), run_dir, job_type="search",
                                tags=[sc.model.name, sc.objective.name, sc.sampler, f"worker{sc.worker}"])

@@ -105,7 +105,7 @@ class Context:
 
 
 def calibration_sequences(target, tokenizer, num_prompts: int, new_tokens: int, eval_limit: int = 100,
-                          subset_seed: int = 0) -> tuple[list[list[int]], list[str]]:
+                          subset_seed: int = 0, template_kwargs=None) -> tuple[list[list[int]], list[str]]:
     from decoding.ar import AR
     from decoding.engine import generate
     from pipeline.tasks import TaskConfig, build_chat, load_examples
@@ -116,7 +116,7 @@ def calibration_sequences(target, tokenizer, num_prompts: int, new_tokens: int, 
             if ex.id not in evaluated][:num_prompts]
     seqs = []
     for ex in pool:
-        prompt = build_chat(tokenizer, TaskConfig(name="gsm8k"), [(ex.turns[0], None)])
+        prompt = build_chat(tokenizer, TaskConfig(name="gsm8k"), [(ex.turns[0], None)], template_kwargs)
         out = generate(AR(), target, prompt, max_new_tokens=new_tokens).new_tokens
         seqs.append(prompt + out)
     return seqs, [ex.id for ex in pool]
@@ -251,7 +251,7 @@ def prepare(cfg) -> Context:
                 f"a ratio outside [objective.min_skip, objective.max_skip] = [{obj.min_skip}, {obj.max_skip}]"))
     t0 = time.perf_counter()
     seqs, ids = calibration_sequences(target, tokenizer, obj.calibration_prompts, obj.calibration_tokens,
-                                      obj.eval_limit, obj.eval_subset_seed)
+                                      obj.eval_limit, obj.eval_subset_seed, cfg.model.chat_template_kwargs)
     cost = MaskCost(target, seqs, drafter)
     calibration = {"num_layers": L, "calibration_ids": ids, "calibration_tokens": sum(map(len, seqs)),
                    "calibration_s": round(time.perf_counter() - t0, 1)}

@@ -154,7 +154,7 @@ def prepare(cfg) -> Context:
     model, tokenizer = load_model(cfg.model)
     target = TargetModel(model, tokenizer)
     task_cfg, examples = calibration_examples(obj.task, obj.calibration_prompts, obj.calibration_seed)
-    prompts = [build_chat(tokenizer, task_cfg, [(ex.turns[0], None)]) for ex in examples]
+    prompts = [build_chat(tokenizer, task_cfg, [(ex.turns[0], None)], cfg.model.chat_template_kwargs) for ex in examples]
     stops = stop_token_ids(model, tokenizer)
     generate(AR(), target, prompts[0], max_new_tokens=4)  # warm-up
     ar_outputs = [generate(AR(), target, p, max_new_tokens=obj.max_new_tokens, stop_ids=stops).new_tokens

@@ -38,13 +38,17 @@ from typing import Any, Optional
 
 from omegaconf import MISSING, OmegaConf
 
-from pipeline.errors import ConfigError, check_choice, check_range
+from pipeline.errors import ConfigError, check_choice, check_range, one_line
 from pipeline.models import ModelConfig
 from pipeline.schema import TrackerConfig
 
 log = logging.getLogger(__name__)
 
 OBJECTIVE_MODULES = ("ptd", "dimr")
+
+
+class TrialFailed(RuntimeError):
+    """A trial raised: the worker stops with this one line (the traceback is in the log above it)."""
 SAMPLERS = ("tpe", "random", "gp")
 
 
@@ -229,9 +233,19 @@ def run_study(cfg: StudyConfig, tracker=None) -> dict:
             study.stop()
 
     if remaining > 0:
+        # Nothing is caught: a trial that raises (a CUDA error, a bug) is recorded as FAIL in the study and
+        # stops this worker with one line; finished trials stay in the storage. Invalid parameter
+        # combinations are pruned by the objectives (optuna.TrialPruned), not raised.
         with TrialProgress(cfg.n_trials, len(finished(study)), cfg.show_progress) as progress:
-            study.optimize(objective, n_trials=remaining, timeout=cfg.timeout_s, callbacks=[on_trial, progress],
-                           catch=(RuntimeError, ValueError))
+            try:
+                study.optimize(objective, n_trials=remaining, timeout=cfg.timeout_s, callbacks=[on_trial, progress])
+            except Exception as err:
+                failed = [t for t in study.trials if t.state == optuna.trial.TrialState.FAIL
+                          and t.user_attrs.get("worker") == cfg.worker]
+                number = failed[-1].number if failed else "?"
+                raise TrialFailed(f"trial {number} of study {cfg.study_name!r} failed ({type(err).__name__}: "
+                                  f"{one_line(err)}); the study keeps its {len(finished(study))} finished trials "
+                                  f"and resumes from them") from err
     best = best_trials(study)
     exported = None
     if best and hasattr(module, "export"):

@@ -36,19 +36,23 @@ def _plain_prompt(msgs: list[dict[str, str]]) -> str:
     return "\n".join(parts) + "\nAssistant:"
 
 
-def build_chat(tokenizer: Any, cfg: TaskConfig, turns_so_far: Sequence[tuple[str, Optional[str]]]) -> list[int]:
+def build_chat(tokenizer: Any, cfg: TaskConfig, turns_so_far: Sequence[tuple[str, Optional[str]]],
+               template_kwargs: Optional[Mapping[str, Any]] = None) -> list[int]:
     """Token ids of [system?, user, assistant, ..., user] plus the generation prompt.
 
     `turns_so_far` is [(user, assistant answer or None)], with None exactly for the last turn.
+    `template_kwargs` go to the chat template (the model's `chat_template_kwargs`, e.g. Qwen3's
+    `enable_thinking: false`).
     """
     msgs = _messages(cfg.system_prompt, turns_so_far)
     if getattr(tokenizer, "chat_template", None) is None:
         return _as_ids(tokenizer(_plain_prompt(msgs))["input_ids"])
+    extra = dict(template_kwargs or {})
     try:
-        return _as_ids(tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True))
+        return _as_ids(tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, **extra))
     except Exception:
         if msgs[0]["role"] != "system":
             raise
     # some templates (e.g. Gemma's) reject a system role: fold it into the first user message
     merged = [{"role": "user", "content": f"{msgs[0]['content']}\n\n{msgs[1]['content']}"}, *msgs[2:]]
-    return _as_ids(tokenizer.apply_chat_template(merged, add_generation_prompt=True, tokenize=True))
+    return _as_ids(tokenizer.apply_chat_template(merged, add_generation_prompt=True, tokenize=True, **extra))

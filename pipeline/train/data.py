@@ -28,9 +28,9 @@ def shard_path(data_dir: Path, index: int) -> Path:
 
 @torch.inference_mode()
 def generate_shard(model, tokenizer, messages: list[str], tap_layers: list[int], max_new_tokens: int,
-                   stop_ids: set[int]) -> list[dict]:
+                   stop_ids: set[int], template_kwargs=None) -> list[dict]:
     """Greedy answers for one batch of user messages, with per-token tapped hidden states."""
-    prompts = [build_chat(tokenizer, TaskConfig(), [(m, None)]) for m in messages]
+    prompts = [build_chat(tokenizer, TaskConfig(), [(m, None)], template_kwargs) for m in messages]
     width = max(len(p) for p in prompts)
     pad = sorted(stop_ids)[0]
     input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
@@ -53,7 +53,8 @@ def generate_shard(model, tokenizer, messages: list[str], tap_layers: list[int],
 
 
 def build_dataset(model, tokenizer, prompts: list[tuple[str, str]], tap_layers: list[int], data_dir: Path,
-                  batch_size: int, max_new_tokens: int, stop_ids: set[int], progress=None) -> list[Path]:
+                  batch_size: int, max_new_tokens: int, stop_ids: set[int], progress=None,
+                  template_kwargs=None) -> list[Path]:
     data_dir.mkdir(parents=True, exist_ok=True)
     # num_prompts is not part of the key: prompt lists are prefix-stable, so more prompts add shards
     meta = {"tap_layers": list(tap_layers), "max_new_tokens": max_new_tokens, "batch_size": batch_size}
@@ -69,7 +70,7 @@ def build_dataset(model, tokenizer, prompts: list[tuple[str, str]], tap_layers: 
         paths.append(path)
         if not path.exists():
             batch = [text for _, text in prompts[first:first + batch_size]]
-            samples = generate_shard(model, tokenizer, batch, tap_layers, max_new_tokens, stop_ids)
+            samples = generate_shard(model, tokenizer, batch, tap_layers, max_new_tokens, stop_ids, template_kwargs)
             tmp = path.with_suffix(".tmp")
             torch.save(samples, tmp)
             tmp.rename(path)

@@ -128,7 +128,8 @@ def training_samples(cfg: TrainConfig, target, tokenizer) -> list[dict]:
     prompts = training_prompts(cfg.data.num_prompts, cfg.data.seed)
     paths = build_dataset(target, tokenizer, prompts, list(cfg.drafter.target_layer_ids), Path(cfg.data.dir),
                           cfg.data.batch_size, cfg.data.max_new_tokens, stop_token_ids(target, tokenizer),
-                          progress=lambda i, n: log.info("data: shard %d/%d", i, n))
+                          progress=lambda i, n: log.info("data: shard %d/%d", i, n),
+                          template_kwargs=cfg.model.chat_template_kwargs)
     samples = load_samples(paths)
     random.Random(cfg.data.seed).shuffle(samples)
     return samples

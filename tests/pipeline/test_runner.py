@@ -99,3 +99,61 @@ def test_speculative_job_measures_against_a_reused_ar_reference(tiny_model_dirs,
     run(job_config(tiny_model_dirs["llama"], tmp_path, "method=pld", "temperature=1.0"), tmp_path / "run3",
         show_progress=False)
     assert len(list((tmp_path / "outputs" / "ar_reference").iterdir())) == 2
+
+
+def test_a_bf16_job_records_its_dtype_and_diagnoses_every_mismatch(tiny_model_dirs, tmp_path):
+    """bf16: a lossless method may leave AR at near-ties; every mismatching prompt is classified."""
+    summary = run(job_config(tiny_model_dirs["llama"], tmp_path, "method=pld", "model.dtype=bfloat16",
+                             "task.limit=4", "max_new_tokens=24"), tmp_path / "run", show_progress=False)
+    saved = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert saved["dtype"] == "bfloat16" and saved["chat_template_kwargs"] == {}
+    assert summary["match_ties"] + summary["match_divergences"] == len(summary["mismatched_ids"])
+    assert [d["id"] for d in summary["mismatch_diagnosis"]] == summary["mismatched_ids"]
+    assert summary["match_divergences"] == 0 and summary["divergent_ids"] == []
+
+
+def test_a_real_divergence_is_named_in_a_warning(tiny_model_dirs, tmp_path, monkeypatch, caplog):
+    import decoding.engine as engine
+    from decoding.acceptance import Verdict, accept_greedy
+
+    def keeps_a_rejected_draft(tree, logits):
+        verdict = accept_greedy(tree, logits)
+        if tree.children[0] and not verdict.num_accepted:
+            return Verdict([0, tree.children[0][0]], verdict.bonus)
+        return verdict
+
+    monkeypatch.setattr(engine, "accept_greedy", keeps_a_rejected_draft)
+    cfg = job_config(tiny_model_dirs["llama"], tmp_path, "method=pld", "task.limit=4", "max_new_tokens=24")
+    with caplog.at_level("WARNING"):
+        summary = run(cfg, tmp_path / "run", show_progress=False)
+    assert summary["match_divergences"] > 0 and summary["divergent_ids"]
+    warning = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any("beyond a numeric near-tie" in w and summary["divergent_ids"][0] in w for w in warning)
+
+
+def test_chat_template_kwargs_reach_the_template_and_the_summary(tiny_model_dirs, tmp_path, monkeypatch):
+    """Qwen3's enable_thinking=false: a template that reads the flag sees it in every prompt."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    import pipeline.generation as generation
+
+    model_dir = tmp_path / "thinking_model"
+    shutil.copytree(tiny_model_dirs["llama"], model_dir)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    tok.chat_template = ("{% for m in messages %}<|user|>{{ m['content'] }}<|end|>{% endfor %}<|assistant|>"
+                         "{% if enable_thinking is defined and not enable_thinking %}nothink:{% endif %}")
+    tok.save_pretrained(model_dir)
+    prompts = []
+    real_generate = generation.generate
+
+    def spy(method, target, prompt_ids, **kwargs):
+        prompts.append(target.tokenizer.decode(prompt_ids))
+        return real_generate(method, target, prompt_ids, **kwargs)
+
+    monkeypatch.setattr(generation, "generate", spy)
+    summary = run(job_config(model_dir, tmp_path, "+model.chat_template_kwargs.enable_thinking=false", "warmup=0"),
+                  tmp_path / "run", show_progress=False)
+    assert prompts and all(p.endswith("<|assistant|>nothink:") for p in prompts)
+    assert summary["chat_template_kwargs"] == {"enable_thinking": False}

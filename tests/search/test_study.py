@@ -94,3 +94,32 @@ def test_suggest_reads_int_float_and_categorical_specs():
 def test_bad_search_options_give_one_line(override, expected):
     message = first_config_problem([override], config_name="search")
     assert message is not None and message.startswith(expected) and "\n" not in message
+
+
+def test_a_trial_that_raises_stops_the_worker_with_one_line_and_keeps_finished_trials(study_cfg, tmp_path,
+                                                                                        monkeypatch):
+    """The T>0-on-CUDA crash used to be caught (catch=RuntimeError) and every trial silently
+    recorded as failed; now the first such trial stops the search with one line."""
+    import search.ptd
+    from search.study import TrialFailed
+
+    real = search.ptd.objective
+    calls = []
+
+    def crashes_on_the_second_trial(trial, ctx):
+        calls.append(trial.number)
+        if len(calls) == 2:
+            raise RuntimeError("Expected a 'cuda' device type for generator but found 'cpu'\nmore detail")
+        return real(trial, ctx)
+
+    monkeypatch.setattr(search.ptd, "objective", crashes_on_the_second_trial)
+    with pytest.raises(TrialFailed) as info:
+        run_study(study_cfg(3))
+    message = str(info.value)
+    assert message == ("trial 1 of study 't' failed (RuntimeError: Expected a 'cuda' device type for generator but "
+                       "found 'cpu'); the study keeps its 1 finished trials and resumes from them")
+    study = optuna.load_study(study_name="t", storage=optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(tmp_path / "ptd.journal"))))
+    states = [t.state for t in study.trials]
+    assert states == [optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL]
+    assert len(calls) == 2  # no third trial ran after the failure

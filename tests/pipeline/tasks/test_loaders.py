@@ -175,3 +175,16 @@ def test_build_chat_folds_system_into_user_when_template_rejects_it():
     tok = chat_tokenizer(template)
     text = tok.decode(build_chat(tok, TaskConfig(system_prompt="be brief"), [("hi", None)]))
     assert text == "user : be brief hi END assistant : GEN"
+
+
+def test_qwen3_configs_switch_thinking_off_in_the_chat_template():
+    from hydra import compose, initialize_config_module
+    from omegaconf import OmegaConf
+
+    from pipeline.schema import register_configs
+
+    register_configs()
+    for model in ("qwen3-0.6b", "qwen3-4b", "qwen3-8b"):
+        with initialize_config_module(config_module="conf", version_base="1.3"):
+            cfg = OmegaConf.to_object(compose("config", overrides=[f"model={model}"]))
+        assert cfg.model.chat_template_kwargs == {"enable_thinking": False}, model
