@@ -18,7 +18,8 @@ from decoding.block_draft import BlockDraftMethod
 from decoding.draft_tree import build_best_first, marginal_expand
 from decoding.engine import DecodeState, Proposal
 from decoding.target import TargetModel
-from decoding.verify_cost import CostAwareStop, cached_cost_model, machine_key, profile_verify_cost
+from decoding.verify_cost import (CostAwareStop, admissible_node_grid, cached_cost_model, machine_key,
+                                  profile_verify_cost)
 from pipeline.errors import check_range
 
 STEADY_STATE_NEW_ROWS = 4  # context rows a drafting round projects: about the tokens committed per round
@@ -30,17 +31,32 @@ class CaDDTreeConfig:
     name: str = "caddtree"
     drafter: Optional[str] = None  # local folder or HF hub id; null = the model's `drafters.dflash`
     max_budget: int = 1024  # CaDDTree `max_tree_budget`
-    # profiling grid (the paper: n = 1..1024, ctx = 0..8192 on GPUs; smaller here, extrapolated linearly)
-    profile_node_counts: list[int] = field(default_factory=lambda: [0, 1, 2, 4, 8, 16, 32, 64, 128])
+    # profiling grid. Node counts: null = 0, 1, 2, 4, ... up to max_budget (the reference profiles
+    # n = 1..1024); a given grid must reach max_budget. Contexts: the reference uses 0..8192 on GPUs;
+    # fewer here (cheaper on CPUs), and beyond the last one Cv is clamped as in the reference.
+    profile_node_counts: Optional[list[int]] = None
     profile_context_lengths: list[int] = field(default_factory=lambda: [64, 512, 1024])
     profile_repeats: int = 5
 
     def __post_init__(self) -> None:
         check_range("method.max_budget", self.max_budget, 1)
-        if len(self.profile_node_counts) < 2 or sorted(set(self.profile_node_counts)) != list(self.profile_node_counts):
-            from pipeline.errors import ConfigError
+        check_profile_grid(self)
 
-            raise ConfigError("method.profile_node_counts must be increasing, at least two values")
+
+def check_profile_grid(cfg) -> None:
+    """Fill the default node grid; refuse one that does not cover the budget that can be admitted."""
+    from pipeline.errors import ConfigError
+
+    if cfg.profile_node_counts is None:
+        cfg.profile_node_counts = admissible_node_grid(cfg.max_budget)
+    counts = list(cfg.profile_node_counts)
+    if len(counts) < 2 or sorted(set(counts)) != counts:
+        raise ConfigError("method.profile_node_counts must be increasing, at least two values")
+    if counts[-1] < cfg.max_budget:
+        raise ConfigError(f"method.profile_node_counts ends at {counts[-1]} but method.max_budget={cfg.max_budget}: "
+                          "the cost model must be profiled up to the largest tree it may admit")
+    if not cfg.profile_context_lengths or sorted(set(cfg.profile_context_lengths)) != list(cfg.profile_context_lengths):
+        raise ConfigError("method.profile_context_lengths must be increasing, at least one value")
 
 
 def machine_cost_model(method: BlockDraftMethod, target: TargetModel, cfg) -> "VerifyCostModel":  # noqa: F821

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from decoding.block_draft import BlockDraftMethod
-from decoding.caddtree import machine_cost_model
+from decoding.caddtree import check_profile_grid, machine_cost_model
 from decoding.domino_scorer import FastScorer, ReferenceScorer
 from decoding.draft_tree import build_best_first, marginal_expand
 from decoding.engine import DecodeState, Proposal
@@ -42,8 +42,9 @@ class DominoTreeConfig:
     node_topk: int = 8  # children per node (paper `--node-topk 8`)
     corr_topm: int = 64  # correction restricted to the top-M marginal candidates per depth (`--corr-topm 64`)
     builder: str = "fast"  # fast (device tables, CUDA graph on GPU) | reference (per-node module calls)
-    # cost-model profiling grid for cond_adaptive (see method=caddtree)
-    profile_node_counts: list[int] = field(default_factory=lambda: [0, 1, 2, 4, 8, 16, 32, 64, 128])
+    # cost-model profiling grid for cond_adaptive (see method=caddtree; null node counts = 0, 1, 2, 4, ...
+    # up to max_budget)
+    profile_node_counts: Optional[list[int]] = None
     profile_context_lengths: list[int] = field(default_factory=lambda: [64, 512, 1024])
     profile_repeats: int = 5
 
@@ -54,6 +55,9 @@ class DominoTreeConfig:
         check_range("method.num_nodes", self.num_nodes, 1)
         check_range("method.node_topk", self.node_topk, 1)
         check_range("method.corr_topm", self.corr_topm, 1)
+        check_range("method.max_budget", self.max_budget, 1)
+        if self.budget == "cond_adaptive":
+            check_profile_grid(self)
 
 
 class DominoTree(BlockDraftMethod):

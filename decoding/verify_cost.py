@@ -4,8 +4,12 @@ Cv(n, ctx): seconds of one target forward over the root + n draft nodes with `ct
 profiled on this machine (median of repeats) on a grid of node counts and context lengths, fitted
 per context length by monotone + convex least squares (our own fit: slopes parametrised as a
 non-negative start plus non-negative increments, solved by bounded least squares), interpolated
-linearly in n and in ctx, and extrapolated linearly beyond the grid. Cd: seconds of one drafting
-pass. Both are cached per model + drafter + device + thread count under the user cache dir.
+linearly in n and in ctx. As in the reference (n = 1..1024 profiled), the node grid reaches the
+largest budget that can be admitted and nothing is extrapolated in n: the stopping rule never
+admits a node beyond the profiled grid (on a GPU the curve is flat to a few hundred rows, so an
+extrapolated line would let trees run to the cap). Beyond the profiled contexts Cv is clamped to
+the nearest one, as the reference does. Cd: seconds of one drafting pass. Both are cached per
+model + drafter + device + thread count under the user cache dir.
 
 Stopping rule (CaDDTree): with Phi the sum of path probabilities already in the tree, add the next
 best node (path probability delta) only while the surrogate throughput rises:
@@ -53,21 +57,17 @@ class VerifyCostModel:
     fitted: list[list[float]]  # [context][node count] seconds, monotone convex in n
     draft_s: float  # Cd
 
-    def _in_n(self, curve: list[float], n: float) -> float:
-        xs = self.node_counts
-        if n >= xs[-1]:
-            slope = (curve[-1] - curve[-2]) / (xs[-1] - xs[-2])
-            return curve[-1] + slope * (n - xs[-1])
-        return float(np.interp(n, xs, curve))
+    @property
+    def max_nodes(self) -> int:
+        """The largest profiled node count: no tree grows beyond it."""
+        return self.node_counts[-1]
 
     def verify_s(self, n: int, context: int) -> float:
-        """Cv(n, ctx)."""
-        values = [self._in_n(curve, n) for curve in self.fitted]
-        xs = self.context_lengths
-        if context > xs[-1] and len(xs) > 1:  # attention grows linearly with context: extrapolate, do not clamp
-            slope = (values[-1] - values[-2]) / (xs[-1] - xs[-2])
-            return values[-1] + max(slope, 0.0) * (context - xs[-1])
-        return float(np.interp(context, xs, values))
+        """Cv(n, ctx) for 0 <= n <= max_nodes (interpolated; clamped to the profiled contexts)."""
+        if n > self.max_nodes:
+            raise ValueError(f"Cv({n}, ·) is outside the profiled node counts (up to {self.max_nodes})")
+        values = [float(np.interp(n, self.node_counts, curve)) for curve in self.fitted]
+        return float(np.interp(context, self.context_lengths, values))  # np.interp clamps outside the grid
 
     def to_json(self) -> dict:
         return self.__dict__.copy()
@@ -83,6 +83,8 @@ class CostAwareStop:
         self.theta = 1.0 / (model.draft_s + model.verify_s(0, context))
 
     def __call__(self, n: int, score: float) -> bool:
+        if n + 1 > self.model.max_nodes:  # never admit a node the profile does not cover
+            return False
         delta = math.exp(score)
         theta_new = (1.0 + self.phi + delta) / (self.model.draft_s + self.model.verify_s(n + 1, self.context))
         if theta_new <= self.theta:
@@ -90,6 +92,14 @@ class CostAwareStop:
         self.phi += delta
         self.theta = theta_new
         return True
+
+
+def admissible_node_grid(max_budget: int) -> list[int]:
+    """0, 1, 2, 4, ... up to and including `max_budget`: the default profiling grid."""
+    grid = [0]
+    while grid[-1] < max_budget:
+        grid.append(min(max(1, grid[-1] * 2), max_budget))
+    return grid
 
 
 @torch.inference_mode()

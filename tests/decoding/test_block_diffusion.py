@@ -15,7 +15,7 @@ from decoding.dflash_drafter import save_drafter
 from decoding.engine import generate
 from pipeline.errors import ConfigError
 
-SMALL_PROFILE = dict(profile_node_counts=[0, 1, 2, 4, 8], profile_context_lengths=[8, 64], profile_repeats=1)
+SMALL_PROFILE = dict(profile_node_counts=[0, 1, 2, 4, 8, 16, 24], profile_context_lengths=[8, 64], profile_repeats=1)
 METHODS = {
     "dflash": (dflash, {}),
     "dflash_sampled_draft": (dflash, {"sample_draft": True}),

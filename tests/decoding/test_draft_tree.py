@@ -129,8 +129,9 @@ def test_monotone_convex_fit():
 def test_cost_aware_stop_picks_the_throughput_maximum():
     cost = VerifyCostModel([0, 10, 100], [0, 1000], [[1.0, 1.2, 5.0], [2.0, 2.2, 6.0]], draft_s=0.3)
     assert cost.verify_s(5, 500) == pytest.approx(0.5 * (1.1 + 2.1))
-    assert cost.verify_s(200, 0) == pytest.approx(5.0 + (5.0 - 1.2) / 90 * 100)
-    assert cost.verify_s(10, 3000) == pytest.approx(2.2 + (2.2 - 1.2) / 1000 * 2000)  # beyond the grid: linear in context
+    assert cost.verify_s(10, 3000) == pytest.approx(2.2)  # beyond the profiled contexts: clamped, as the reference
+    with pytest.raises(ValueError, match="outside the profiled node counts"):
+        cost.verify_s(101, 0)  # never extrapolated in n
     gen = torch.Generator().manual_seed(0)
     logits = torch.randn(6, 20, generator=gen) * 3
     built = build_best_first(1, marginal_expand(logits, 64), 64, 6, admit=CostAwareStop(cost, 300))
@@ -140,3 +141,26 @@ def test_cost_aware_stop_picks_the_throughput_maximum():
     n = built.tree.num_draft_nodes()
     assert built.stopped_early and n == int(np.argmax(throughput))
     assert built.tree.tokens == full.tree.tokens[:n + 1]
+
+
+def test_a_flat_gpu_like_curve_never_admits_nodes_beyond_the_profiled_grid():
+    """On a GPU verify cost is flat to a few hundred rows; extrapolating the last slope let trees run to
+    the cap. Now the tree stops at the grid's end even though every node still raises throughput."""
+    flat = VerifyCostModel([0, 1, 2, 4, 8, 16], [0, 1000], [[1.0] * 6, [1.0] * 6], draft_s=0.1)
+    logits = torch.zeros(8, 50)  # uniform drafts: many equally good nodes
+    built = build_best_first(1, marginal_expand(logits, 64), 64, 8, admit=CostAwareStop(flat, 10))
+    assert built.tree.num_draft_nodes() == 16 and built.stopped_early
+
+
+def test_the_default_profile_grid_reaches_the_admitted_budget_and_short_grids_are_refused():
+    from decoding.caddtree import CaDDTreeConfig
+    from decoding.dominotree import DominoTreeConfig
+    from decoding.verify_cost import admissible_node_grid
+    from pipeline.errors import ConfigError
+
+    assert admissible_node_grid(1024) == [0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
+    assert admissible_node_grid(24) == [0, 1, 2, 4, 8, 16, 24]
+    assert CaDDTreeConfig().profile_node_counts[-1] == CaDDTreeConfig().max_budget == 1024
+    assert DominoTreeConfig(budget="cond_adaptive").profile_node_counts[-1] == 64
+    with pytest.raises(ConfigError, match=r"profile_node_counts ends at 128 but method.max_budget=1024"):
+        CaDDTreeConfig(profile_node_counts=[0, 1, 2, 4, 8, 16, 32, 64, 128])

@@ -81,7 +81,7 @@ def test_in_bf16_every_lossless_method_leaves_ar_only_at_near_ties(name, bf16_zo
 
     target, folder = bf16_zoo
     monkeypatch.setenv("SPECDEC_CACHE", str(folder))
-    method = build_method(name, target, folder, profile_node_counts=[0, 1, 2, 4, 8, 16, 32],
+    method = build_method(name, target, folder, max_budget=32, profile_node_counts=[0, 1, 2, 4, 8, 16, 32],
                           profile_context_lengths=[16, 64], profile_repeats=1) if name == "caddtree" else \
         build_method(name, target, folder)
     kinds = []
