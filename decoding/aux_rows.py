@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from decoding.engine import Proposal
@@ -40,16 +41,15 @@ class AuxRows:
         return rows
 
     def visible(self, n_tree: int) -> torch.Tensor:
-        """[n_aux, n_tree + n_aux] bool, the `aux_visible` of a Proposal."""
+        """[n_aux, n_tree + n_aux] bool, the `aux_visible` of a Proposal (built in numpy on the host)."""
         n = len(self.tokens)
-        mask = torch.zeros(n, n_tree + n, dtype=torch.bool)
-        if n == 0:
-            return mask
-        mask[:, 0] = True  # the root
-        rows = [i for i, s in enumerate(self.sees) for _ in range(len(s) + 1)]
-        cols = [n_tree + j for i, s in enumerate(self.sees) for j in (*s, i)]
-        mask[rows, cols] = True
-        return mask
+        mask = np.zeros((n, n_tree + n), dtype=bool)
+        if n:
+            mask[:, 0] = True  # the root
+            rows = [i for i, s in enumerate(self.sees) for _ in range(len(s) + 1)]
+            cols = [n_tree + j for i, s in enumerate(self.sees) for j in (*s, i)]
+            mask[rows, cols] = True
+        return torch.from_numpy(mask)
 
     def proposal(self, tree: TokenTree, hidden_layers: tuple[int, ...] = ()) -> Proposal:
         if not self.tokens:

@@ -19,7 +19,6 @@ from typing import Optional
 import torch
 
 from decoding.block_draft import BlockDraftMethod
-from decoding.domino_head import correction, gru_path_state, gru_step
 from decoding.engine import DecodeState, Proposal
 from decoding.sampling import to_host
 from decoding.tree import TokenTree
@@ -44,40 +43,60 @@ class Domino(BlockDraftMethod):
 
     @torch.inference_mode()
     def propose(self, state: DecodeState) -> Proposal:
-        """The whole chain stays on the device (each token feeds the next GRU step as a tensor);
-        one host copy of the K tokens at the end."""
         draft = self.draft_pass(state)
-        z, base = draft.hidden.float(), draft.logits
-        head, sampled = self.head, not state.greedy and self.config.sample_draft
-        sampler = state.sampler.for_device(base.device)
+        base = draft.logits
         prefix = min(self.drafter.spec.pure_draft_prefix_len, len(base))
         pool = None
         if 0 < self.config.candidate_pool < base.shape[-1] and len(base) > prefix:
             pool = torch.topk(base[prefix:].max(dim=0).values, self.config.candidate_pool).indices
-        tokens, probs = [], []
-        root = torch.full((1,), state.root, device=z.device)
-        h = None
-        for k in range(len(base)):
-            if k < prefix:
-                logits = base[k]
-            else:
-                if h is None:  # the GRU has read the root and the uncorrected prefix
-                    h = gru_path_state(head.gru, self.embed(torch.cat([root, *tokens])).float())
-                else:
-                    h = gru_step(head.gru, self.embed(tokens[-1]).float(), h[None])[0]
-                logits = self._corrected(z[k], h, base[k], pool)
-            q = torch.softmax(logits / state.temperature, dim=-1) if sampled else None
-            tokens.append((sampler.categorical(q) if sampled else logits.argmax()).view(1))
-            probs.append(q)
-        drafted = to_host(torch.cat(tokens))[0]
-        return Proposal(TokenTree.chain(state.root, drafted, probs), hidden_layers=self.taps)
+        temperature = state.temperature if not state.greedy and self.config.sample_draft else 0.0
+        tokens, pool_probs = corrected_chain(self.head, self.embed.weight, draft.hidden, base, state.root, prefix, pool,
+                                             temperature, state.sampler.for_device(base.device))
+        drafted = to_host(torch.stack(tokens))[0]
+        return Proposal(TokenTree.chain(state.root, drafted, self._full_probs(pool_probs, base)),
+                        hidden_layers=self.taps)
 
-    def _corrected(self, z_k, h, base_k, pool):
-        proj = self.head.embed_proj
-        if pool is None:
-            return base_k + correction(proj, z_k[None], h[None])[0]
-        return torch.full_like(base_k, float("-inf")).index_put_(
-            (pool,), base_k[pool] + correction(proj, z_k[None], h[None], pool)[0])
+    @staticmethod
+    def _full_probs(pool_probs, base) -> list:
+        """Draft distributions over the whole vocabulary (zero outside the pool), for acceptance."""
+        if pool_probs[0][0] is None and all(q is None for q, _ in pool_probs):
+            return [None] * len(pool_probs)
+        out = []
+        for q, local in pool_probs:
+            if local is not None:
+                q = torch.zeros(base.shape[-1], device=base.device).index_put_((local,), q)
+            out.append(q)
+        return out
+
+
+def corrected_chain(head, embeds, z, base, root: int, prefix: int, pool, temperature: float, sampler):
+    """The chain of the module docstring, on the device: K device-scalar tokens (argmax, or drawn at
+    `temperature` > 0) and per position (q over the pool or the vocabulary, the pool ids or None).
+    Per-round tables: z's W1 part for every position, the pool's base logits and W2 rows; per
+    position one GRU step (Float32Head.state_step) and one addmv for the corrected logits."""
+    z = z.float()
+    base_pool = base if pool is None else base[:, pool]  # [K, C]
+    w2 = head.w2 if pool is None else head.w2[pool]  # [C, E]
+    z_proj = z @ head.w_z.t()  # [K, E]
+    tokens, pool_probs = [], []
+    h = torch.zeros(head.gru.hidden_size, device=z.device)
+    s_proj = None
+    for k in range(len(base)):
+        if k < prefix:
+            logits, local = base[k], None
+        else:
+            if s_proj is None:  # the GRU reads the root and the uncorrected prefix
+                for tok in [torch.full((), root, device=z.device), *tokens]:
+                    h, s_proj = head.state_step(head.w_ih @ embeds[tok].float(), h)
+            else:
+                h, s_proj = head.state_step(head.w_ih @ embeds[tokens[-1]].float(), h)
+            logits = torch.addmv(base_pool[k], w2, torch.nn.functional.silu(z_proj[k] + s_proj))
+            local = pool
+        q = torch.softmax(logits / temperature, dim=-1) if temperature > 0 else None
+        pick = sampler.categorical(q) if q is not None else logits.argmax()
+        tokens.append(pick if local is None else local[pick])
+        pool_probs.append((q, local))
+    return tokens, pool_probs
 
 
 CONFIG = DominoConfig

@@ -70,3 +70,20 @@ class Float32Head:
         self.gru: nn.GRU = copy.deepcopy(drafter.prefix_gru).float().requires_grad_(False)
         self.embed_proj: nn.Sequential = copy.deepcopy(drafter.embed_proj).float().requires_grad_(False)
         self.hidden_size = drafter.spec.hidden_size
+        w1 = self.embed_proj[0].weight
+        self.w_ih = self.gru.weight_ih_l0  # [3G, H]
+        self.w_z = w1[:, :self.hidden_size]  # [E, H]: the z part of W1
+        # the state's two uses in one matmul, as in Domino's rollout: h @ [W1_s^T | W_hh^T] -> (s_proj, gh)
+        self.w_state = torch.cat([w1[:, self.hidden_size:].t(), self.gru.weight_hh_l0.t()], dim=1).contiguous()
+        self.w2 = self.embed_proj[2].weight  # [V, E]
+        self.emb_dim = w1.shape[0]
+
+    def state_step(self, gi: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One bias-free GRU step from its input projection gi [3G] and state h [G] -> (new h, the
+        new state's W1_s projection [E] for the next correction)."""
+        g = h.shape[-1]
+        gh = h @ self.w_state[:, self.emb_dim:]
+        ru = torch.sigmoid(gi[:2 * g] + gh[:2 * g])
+        n = torch.tanh(gi[2 * g:] + ru[:g] * gh[2 * g:])
+        h = n + ru[g:] * (h - n)
+        return h, h @ self.w_state[:, :self.emb_dim]

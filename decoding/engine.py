@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+import numpy as np
 import torch
 
 from decoding.acceptance import Verdict, accept_greedy, accept_sampling
@@ -137,25 +138,22 @@ def forward_proposal(target: TargetModel, proposal: Proposal, pending: list[int]
     """One forward of the proposal's rows (tree, then aux). `pending` are committed tokens before
     the root whose KV the target does not hold yet (settled by a cheaper verifier); they go first
     as a causal chain that every row sees, so the same pass fills their KV. The returned rows
-    exclude them (row 0 = root). `active_layers` makes it a read-only slim pass (see TargetModel)."""
+    exclude them (row 0 = root). `active_layers` makes it a read-only slim pass (see TargetModel).
+    Tokens, positions and the visibility are assembled on the host (lists, numpy) and reach the
+    device as two copies, whatever the block's size."""
     tree, n_pend = proposal.tree, len(pending)
-    is_chain = all(p == i - 1 for i, p in enumerate(tree.parents))
-    if not proposal.aux_tokens and not n_pend:
-        return target.forward_tree(tree, proposal.hidden_layers) if active_layers is None else target.forward(
-            torch.tensor(tree.tokens), torch.tensor(tree.depths), None if is_chain else tree.ancestor_mask(),
-            proposal.hidden_layers, active_layers=active_layers)
     n_tree, n_aux = len(tree), len(proposal.aux_tokens)
-    n = n_pend + n_tree + n_aux
+    tokens = [*pending, *tree.tokens, *proposal.aux_tokens]
+    depths = [*range(n_pend), *(d + n_pend for d in tree.depths), *(d + n_pend for d in proposal.aux_depths)]
     visible = None
-    if n_aux or not is_chain:
-        visible = torch.zeros(n, n, dtype=torch.bool)
-        visible[:n_pend, :n_pend] = torch.ones(n_pend, n_pend, dtype=torch.bool).tril()
+    if n_aux or not tree.is_chain:
+        n = n_pend + n_tree + n_aux
+        visible = np.zeros((n, n), dtype=bool)
+        visible[:n_pend, :n_pend] = np.tri(n_pend, dtype=bool)
         visible[n_pend:, :n_pend] = True
-        visible[n_pend:n_pend + n_tree, n_pend:n_pend + n_tree] = tree.ancestor_mask()
+        visible[n_pend:n_pend + n_tree, n_pend:n_pend + n_tree] = tree.ancestor_array()
         if n_aux:
-            visible[n_pend + n_tree:, n_pend:] = proposal.aux_visible
-    tokens = torch.tensor(list(pending) + tree.tokens + list(proposal.aux_tokens))
-    depths = torch.tensor(list(range(n_pend)) + [d + n_pend for d in tree.depths + list(proposal.aux_depths)])
+            visible[n_pend + n_tree:, n_pend:] = np.asarray(proposal.aux_visible)
     out = target.forward(tokens, depths, visible, proposal.hidden_layers, active_layers=active_layers)
     if not n_pend:
         return out

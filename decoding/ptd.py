@@ -38,6 +38,7 @@ from decoding.aux_rows import AuxRows
 from decoding.engine import DecodeState, Method, Proposal, StepResult
 from decoding.ngram_pool import bigram_redundancy, candidate_tree, record_redundancy
 from decoding.ptd_tree import DraftForest, TriePool, graft_branches
+from decoding.sampling import to_host
 from decoding.tree import TokenTree
 from pipeline.errors import check_choice, check_range
 
@@ -90,7 +91,8 @@ class PTD(Method):
         self.pool = TriePool(self.config.pool_size)
         self.steps = 0
         if self.config.context_subtrees:
-            self.merge_context(state.sequence, len(state.sequence))
+            with self.pool.batch():
+                self.merge_context(state.sequence, len(state.sequence))
 
     def propose(self, state: DecodeState) -> Proposal:
         cfg = self.config
@@ -137,27 +139,29 @@ class PTD(Method):
             self.pool.merge(seq[i], chain, self.steps)
 
     def observe(self, state: DecodeState, result: StepResult) -> None:
+        with self.pool.batch():  # one LRU eviction per root and step
+            self._observe(state, result)
+
+    def _observe(self, state: DecodeState, result: StepResult) -> None:
         cfg = self.config
         self.steps += 1
         if cfg.context_subtrees:
             self.merge_context(state.sequence, len(result.committed))
+        tree, forest = result.proposal.tree, self.forest
+        recycled, edge_logp, leaf_values, leaf_ids, leaves = self.read_forward(result)
         drafted: list[tuple[int, int]] = []  # (parent token, drafted token) of every row this forward grew
-        if cfg.recycle:
-            tree = result.proposal.tree
-            top = torch.topk(result.output.logits[: len(tree)], cfg.width, dim=-1).indices.tolist()
-            for tok, nxt in zip(tree.tokens, top):
-                self.pool.merge(int(tok), {t: {} for t in nxt}, self.steps)
-                drafted += [(int(tok), t) for t in nxt]
-        forest = self.forest
+        if cfg.recycle:  # the verification rows' own top-`width` next tokens
+            for k, tok in enumerate(tree.tokens):
+                nxt = recycled[k * cfg.width:(k + 1) * cfg.width]
+                self.pool.merge(tok, dict.fromkeys(nxt, {}), self.steps)
+                drafted += [(tok, t) for t in nxt]
         if len(forest):
-            logp = torch.log_softmax(result.aux_logits()[: len(forest)], dim=-1)
-            for i, n in enumerate(forest.nodes):  # refresh each edge's probability under the new root
-                if n.parent >= 0:
-                    n.logp = float(logp[n.parent, n.token])
-            leaves = forest.leaves()
-            top = torch.topk(logp[leaves], cfg.width, dim=-1)
-            values, indices = top.values.tolist(), top.indices.tolist()
-            proposals = {leaf: list(zip(indices[k], values[k])) for k, leaf in enumerate(leaves)}
+            children = (n for n in forest.nodes if n.parent >= 0)
+            for n, logp in zip(children, edge_logp):  # refresh each edge's probability under the new root
+                n.logp = logp
+            w = cfg.width
+            proposals = {leaf: list(zip(leaf_ids[k * w:(k + 1) * w], leaf_values[k * w:(k + 1) * w]))
+                         for k, leaf in enumerate(leaves)}
             added = forest.expand(proposals, cfg.width, cfg.drafting_budget, self.steps)
             for i, n in enumerate(forest.nodes):  # extract: continuations of every node's token
                 if n.children:
@@ -168,5 +172,29 @@ class PTD(Method):
                 forest.retire({min(forest.tops(), key=lambda t: forest.nodes[t].birth)})  # oldest subtree goes
         # redundancy over everything this forward drafted: the recycled edges and the forest's
         record_redundancy(state.stats, *bigram_redundancy([], drafted))
+
+    def read_forward(self, result: StepResult):
+        """What this step needs from the forward, with one host->device index copy and one
+        device->host copy: every row's top-`width` (value, token) under one log-softmax (the tree
+        rows' tokens are recycled, the forest leaves' expand the forest) and the forest edges'
+        log-probabilities under the new root."""
+        cfg, forest = self.config, self.forest
+        n_tree, w = len(result.proposal.tree), cfg.width
+        leaves = forest.leaves()
+        if not cfg.recycle and not len(forest):
+            return [], [], [], [], leaves
+        logp = torch.log_softmax(result.output.logits[:n_tree + len(forest)].float(), dim=-1)
+        top = torch.topk(logp, w, dim=-1)
+        reads = [top.values, top.indices]
+        kids = [n for n in forest.nodes if n.parent >= 0]
+        if kids:
+            index = torch.tensor([[n_tree + n.parent for n in kids], [n.token for n in kids]], device=logp.device)
+            reads.append(logp[index[0], index[1]])
+        values, ids, *edges = to_host(*reads)
+        recycled = ids[:n_tree * w] if cfg.recycle else []
+        leaf_values = [v for leaf in leaves for v in values[(n_tree + leaf) * w:(n_tree + leaf + 1) * w]]
+        leaf_ids = [t for leaf in leaves for t in ids[(n_tree + leaf) * w:(n_tree + leaf + 1) * w]]
+        return recycled, edges[0] if edges else [], leaf_values, leaf_ids, leaves
+
 
 CONFIG = PTDConfig

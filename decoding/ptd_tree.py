@@ -17,6 +17,7 @@ branches (leaves) per root, dropping the least recently refreshed first.
 from __future__ import annotations
 
 import heapq
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 
@@ -149,25 +150,60 @@ class TriePool:
     def __init__(self, cap: int):
         self.cap = cap  # branches (leaves) kept per root token
         self.roots: dict[int, dict] = {}  # token -> trie node {"kids": {tok: node}, "stamp": int}
+        self.leaves: dict[int, int] = {}  # token -> branches under it, kept up to date by merges
+        self.deferred: set[int] | None = None  # inside `batch()`: roots over the cap, evicted at its end
 
     @staticmethod
     def _node(stamp: int) -> dict:
         return {"kids": {}, "stamp": stamp}
 
     def merge(self, root: int, subtree: dict, stamp: int) -> None:
-        """Union of `subtree` ({token: {...}}) into root's trie; every merged node is refreshed."""
+        """Union of `subtree` ({token: {...}}) into root's trie; every merged node is refreshed. The
+        LRU eviction walks the trie only when the root holds more than `cap` branches."""
         if not subtree:
             return
-        dst = self.roots.setdefault(root, self._node(stamp))
-        dst["stamp"] = max(dst["stamp"], stamp)
-        self._merge(dst, subtree, stamp)
-        self.evict(root)
+        dst = self.roots.get(root)
+        if dst is None:
+            dst = self.roots[root] = self._node(stamp)
+        dst["stamp"] = stamp  # stamps never decrease (the step counter)
+        self.leaves[root] = self.leaves.get(root, 0) + self._merge(dst, subtree, stamp, is_root=True)
+        if self.leaves[root] > self.cap:
+            if self.deferred is None:
+                self.evict(root)
+            else:
+                self.deferred.add(root)
 
-    def _merge(self, dst: dict, src: dict, stamp: int) -> None:
+    @contextmanager
+    def batch(self):
+        """Merges of one step: each root over the cap is evicted once, at the end, not after every
+        merge. Every merge of a step carries the same stamp, so the branches kept are the same
+        `cap` most recent ones (ties between equal stamps aside, broken by trie order)."""
+        self.deferred = set()
+        try:
+            yield self
+        finally:
+            roots, self.deferred = self.deferred, None
+            for root in roots:
+                self.evict(root)
+
+    def _merge(self, dst: dict, src: dict, stamp: int, is_root: bool = False) -> int:
+        """Merge and return the change in the number of branches below `dst`."""
+        kids = dst["kids"]
+        was_leaf = not kids and not is_root  # a leaf is one branch; with children it is theirs
+        added = 0
         for tok, below in src.items():
-            child = dst["kids"].setdefault(tok, self._node(stamp))
-            child["stamp"] = max(child["stamp"], stamp)
-            self._merge(child, below, stamp)
+            child = kids.get(tok)
+            if child is None:  # a fresh leaf (one branch), grown by whatever is below it
+                child = kids[tok] = {"kids": {}, "stamp": stamp}
+                if below:
+                    added += 1 + self._merge(child, below, stamp)
+                else:
+                    added += 1
+            else:
+                child["stamp"] = stamp
+                if below:
+                    added += self._merge(child, below, stamp)
+        return added - 1 if was_leaf and added else added
 
     def branches(self, root: int) -> list[tuple[int, list[int]]]:
         """(stamp, tokens) of every root-to-leaf branch, most recently refreshed first."""
@@ -188,7 +224,8 @@ class TriePool:
     def evict(self, root: int) -> None:
         branches = self.branches(root)
         for _, tokens in branches[self.cap:]:
-            self._remove(self.roots[root], tokens)
+            self._remove(self.roots[root], tokens)  # a removed branch takes its now-empty chain along
+        self.leaves[root] = min(len(branches), self.cap)
 
     def _remove(self, node: dict, tokens: list[int]) -> None:
         child = node["kids"][tokens[0]]
@@ -210,34 +247,45 @@ def graft_branches(pool: TriePool, root: int, budget: int, max_depth: int) -> li
     path's own root-keyed trie first, then shorter suffixes: subtrees that share a root token are
     joined, so the candidates go deeper than any single merged subtree). A child's cost is its
     rank among its siblings plus one per suffix token dropped; the `budget` cheapest paths win.
-    Returns root-to-leaf branches, cheapest first."""
-    def children(path: list[int]) -> list[tuple[int, int]]:
-        context = [root, *path]
+    Returns root-to-leaf branches, cheapest first.
+
+    Each candidate carries the trie nodes its suffixes reach (`alive`: (suffix start, node)), so a
+    child's are its parent's advanced by one token: no suffix is walked again from its root."""
+    def children(alive: list[tuple[int, dict]]) -> list[tuple[int, int]]:
         out: dict[int, int] = {}
-        for start in range(len(context)):  # longest suffix first
-            node = pool.roots.get(context[start])
-            for tok in context[start + 1:]:
-                node = node["kids"].get(tok) if node is not None else None
-            if node is None or not node["kids"]:
+        for start, node in alive:  # longest suffix first
+            kids = node["kids"]
+            if not kids:
                 continue
-            kids = sorted(node["kids"].items(), key=lambda kv: -kv[1]["stamp"])
-            for rank, (tok, _) in enumerate(kids):
+            ranked = sorted(kids, key=lambda tok: -kids[tok]["stamp"])
+            for rank, tok in enumerate(ranked):
                 out.setdefault(tok, rank + start)
         return sorted(out.items(), key=lambda kv: kv[1])
 
+    def advance(alive: list[tuple[int, dict]], tok: int, start: int) -> list[tuple[int, dict]]:
+        moved = [(s, node["kids"][tok]) for s, node in alive if tok in node["kids"]]
+        if tok in pool.roots:  # the one-token suffix: tok's own trie
+            moved.append((start, pool.roots[tok]))
+        return moved
+
     chosen: list[list[int]] = []
-    heap: list[tuple[int, int, list[int]]] = []
+    # (cost, order, parent path, the parent's alive suffixes, token): a child's own suffix nodes and
+    # path are made only when it is popped (most pushed children never are)
+    heap: list[tuple[int, int, list[int], list, int]] = []
     counter = 0
-    for tok, cost in children([]):
-        heap.append((cost, counter, [tok]))
+    start_alive = [(0, pool.roots[root])] if root in pool.roots else []
+    for tok, cost in children(start_alive):
+        heap.append((cost, counter, [], start_alive, tok))
         counter += 1
     heapq.heapify(heap)
     while heap and len(chosen) < budget:
-        cost, _, path = heapq.heappop(heap)
+        cost, _, parent, parent_alive, tok = heapq.heappop(heap)
+        path = [*parent, tok]
         chosen.append(path)
         if len(path) < max_depth:
-            for tok, c in children(path):
-                heapq.heappush(heap, (cost + c, counter, [*path, tok]))
+            alive = advance(parent_alive, tok, len(path))
+            for child, c in children(alive):
+                heapq.heappush(heap, (cost + c, counter, path, alive, child))
                 counter += 1
     # a parent is always chosen before its children, so the leaves are the paths nobody extends
     parents = {tuple(p[:-1]) for p in chosen}

@@ -63,9 +63,9 @@ class Sampler:
         """One index per row of `probs` ([V] -> scalar, [n, V] -> [n]); rows need not be normalised
         (a zero row is not allowed). Inverse CDF: the first index whose running sum exceeds u * total."""
         self.check(probs)
-        rows = probs.reshape(-1, probs.shape[-1]).float()
-        cdf = rows.cumsum(-1)
-        u = self.uniform((rows.shape[0], 1)) * cdf[:, -1:]
+        rows = probs if probs.dim() == 2 else probs.reshape(-1, probs.shape[-1])
+        cdf = rows.cumsum(-1, dtype=torch.float32)
+        u = self.uniform((rows.shape[0], 1)).mul_(cdf[:, -1:])
         picked = torch.searchsorted(cdf, u, right=True).clamp_max_(rows.shape[-1] - 1)
         return picked.view(probs.shape[:-1])
 
@@ -79,7 +79,9 @@ def _same_device(a: torch.device, b: torch.device) -> bool:
 
 def probabilities(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """softmax(logits / T) in float32; T = 0 gives the T = 1 distribution (for rules that need one)."""
-    return torch.softmax(logits.float() / (temperature if temperature > 0 else 1.0), dim=-1)
+    if temperature > 0 and temperature != 1.0:
+        logits = logits / temperature
+    return torch.softmax(logits, dim=-1, dtype=torch.float32)
 
 
 def to_host(*tensors: torch.Tensor) -> list[list]:
@@ -87,9 +89,11 @@ def to_host(*tensors: torch.Tensor) -> list[list]:
     Integer tensors come back as ints (exact below 2**53), floating ones as floats; each is flattened."""
     if not tensors:
         return []
-    flat = torch.cat([t.reshape(-1).to(torch.float64) for t in tensors]) if len(tensors) > 1 else \
-        tensors[0].reshape(-1).to(torch.float64)
-    values = flat.tolist()
+    if len(tensors) == 1:  # no packing needed: one copy as it is
+        values = tensors[0].reshape(-1).tolist()
+        return [values if tensors[0].is_floating_point() else [int(v) for v in values]]
+    # the first one in float64 makes torch.cat promote the others to it: one conversion, one copy
+    values = torch.cat([tensors[0].reshape(-1).to(torch.float64), *(t.reshape(-1) for t in tensors[1:])]).tolist()
     out, start = [], 0
     for t in tensors:
         n = t.numel()

@@ -18,6 +18,7 @@ from __future__ import annotations
 import inspect
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from transformers import DynamicCache
 
@@ -38,7 +39,7 @@ def additive_mask(visible: torch.Tensor, prefix_len: int, dtype: torch.dtype) ->
     """
     n = visible.shape[0]
     mask = torch.zeros(1, 1, n, prefix_len + n, dtype=dtype, device=visible.device)
-    mask[0, 0, :, prefix_len:].masked_fill_(~visible, torch.finfo(dtype).min)
+    mask[0, 0, :, prefix_len:].masked_fill_(visible.logical_not(), torch.finfo(dtype).min)
     return mask
 
 
@@ -138,40 +139,46 @@ class TargetModel:
     @torch.inference_mode()
     def forward(
         self,
-        tokens: torch.Tensor,
-        depths: torch.Tensor,
-        visible: torch.Tensor | None,
+        tokens,
+        depths,
+        visible=None,
         hidden_layers: tuple[int, ...] = (),
         active_layers=None,
         last_only: bool = False,
     ) -> ForwardOutput:
-        """Append a block after the cache. `depths` are offsets from the cache length (position =
-        cache_len + depth); `visible` [n, n] bool says which block rows each row attends to
-        (None = plain causal chain, the cheapest case). Host tensors are moved to the device here.
+        """Append a block after the cache. `tokens` and `depths` (offsets from the cache length:
+        position = cache_len + depth) are device tensors, or host lists/arrays that reach the device
+        as one copy; `visible` [n, n] bool (tensor or numpy) says which block rows each row attends
+        to (None = plain causal chain, the cheapest case).
 
         `active_layers` (a subset of the wrapper's layers) runs only those decoder layers: a
         read-only pass whose block KV is dropped again, so the cache stays the full model's; it
         counts len(active_layers) / L of a full forward in `forward_cost`. `last_only` computes
         logits for the last row only."""
         prefix = self.cache_len
-        positions = depths.to(self.device) + prefix
-        mask = None if visible is None else additive_mask(visible.to(self.device), prefix, self.dtype)
+        if isinstance(tokens, torch.Tensor) and isinstance(depths, torch.Tensor):
+            tokens, positions = tokens.to(self.device), depths.to(self.device) + prefix
+        else:  # host rows: one packed host->device copy
+            packed = np.asarray([tokens, depths], dtype=np.int64)
+            packed[1] += prefix
+            tokens, positions = torch.from_numpy(packed).to(self.device)
+        mask = None
+        if visible is not None:
+            visible = torch.as_tensor(visible).to(self.device)
+            mask = additive_mask(visible, prefix, self.dtype)
         layers = self.layers if active_layers is None else tuple(sorted(set(active_layers)))
         if not set(layers) <= set(self.layers):
             raise ValueError(f"active_layers {layers} are not all layers of this wrapper")
         scratch = layers != self.layers
         self.num_forwards += 1
         self.forward_cost += len(layers) / self.num_layers
-        out = self._run(tokens.to(self.device), positions, mask, hidden_layers, last_only, layers)
+        out = self._run(tokens, positions, mask, hidden_layers, last_only, layers)
         if scratch:
             self.truncate(prefix)
         return out
 
     def forward_tree(self, tree: TokenTree, hidden_layers: tuple[int, ...] = ()) -> ForwardOutput:
-        tokens = torch.tensor(tree.tokens)
-        depths = torch.tensor(tree.depths)
-        is_chain = all(p == i - 1 for i, p in enumerate(tree.parents))
-        return self.forward(tokens, depths, None if is_chain else tree.ancestor_mask(), hidden_layers)
+        return self.forward(tree.tokens, tree.depths, None if tree.is_chain else tree.ancestor_array(), hidden_layers)
 
     def _run(self, tokens, positions, mask, hidden_layers, last_only: bool = False, layers=None) -> ForwardOutput:
         if self.exit_head is not None or (layers is not None and len(layers) < self.num_layers):

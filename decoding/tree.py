@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 
@@ -90,15 +91,23 @@ class TokenTree:
             path.append(self.parents[path[-1]])
         return path[::-1]
 
-    def ancestor_mask(self) -> torch.Tensor:
-        """Bool [n, n]: row i is True at i and at every ancestor of i."""
+    @property
+    def is_chain(self) -> bool:
+        return all(p == i - 1 for i, p in enumerate(self.parents))
+
+    def ancestor_array(self) -> np.ndarray:
+        """Bool [n, n] (numpy: built on the host without a torch op per row): row i is True at i and
+        at every ancestor of i."""
         n = len(self.tokens)
-        mask = torch.zeros(n, n, dtype=torch.bool)
+        mask = np.zeros((n, n), dtype=bool)
         for i, p in enumerate(self.parents):
             if p >= 0:
                 mask[i] = mask[p]
             mask[i, i] = True
         return mask
+
+    def ancestor_mask(self) -> torch.Tensor:
+        return torch.from_numpy(self.ancestor_array())
 
     def num_draft_nodes(self) -> int:
         return len(self.tokens) - 1

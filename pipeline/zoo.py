@@ -123,3 +123,89 @@ def build_method(name: str, target: TargetModel, folder: Path, shape: str = "tin
         method = cls(cfg)
     method.setup(target)
     return method
+
+
+class ForwardTimer:
+    """Times every neural-network forward (target and drafter wrappers, the block drafter's pass)
+    while active, synchronising the device around each, so `wall - forward_s` is the host's own
+    work: the engine's and the method's Python plus their small tensor operations."""
+
+    def __init__(self, device, clock=None):
+        import time
+
+        self.device = torch.device(device)
+        # on a CPU, the process's CPU time: robust to other tenants of a shared machine (one thread);
+        # on a GPU, wall time (the host waits for the device inside the synchronised forwards)
+        self.clock = clock or (time.process_time if self.device.type == "cpu" else time.perf_counter)
+        self.forward_s = 0.0
+        self.depth = 0
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def wrap(self, fn):
+        import functools
+
+        @functools.wraps(fn)
+        def timed(*args, **kwargs):
+            if self.depth:  # a forward inside a forward (none today) is counted once
+                return fn(*args, **kwargs)
+            self._sync()
+            self.depth += 1
+            t0 = self.clock()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self._sync()
+                self.forward_s += self.clock() - t0
+                self.depth -= 1
+
+        return timed
+
+    def __enter__(self) -> "ForwardTimer":
+        from decoding.dflash_drafter import DFlashDrafter
+
+        self._saved = (TargetModel._run, DFlashDrafter.forward)
+        TargetModel._run = self.wrap(TargetModel._run)
+        DFlashDrafter.forward = self.wrap(DFlashDrafter.forward)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        from decoding.dflash_drafter import DFlashDrafter
+
+        TargetModel._run, DFlashDrafter.forward = self._saved
+
+
+def host_overhead(method, target: TargetModel, prompts: list[list[int]], max_new_tokens: int,
+                  temperature: float = 0.0, seed: int = 0) -> dict:
+    """Per decoding step: total time, time in network forwards and host time (total - forwards), in
+    ms, over `prompts` (the first step and the prefill are excluded). Clock: ForwardTimer's."""
+    from decoding.engine import generate
+
+    generate(method, target, prompts[0], max_new_tokens=min(8, max_new_tokens), temperature=temperature)  # warm-up
+    wall = fwd = 0.0
+    steps = tokens = all_steps = 0
+    for i, prompt in enumerate(prompts):
+        timer = ForwardTimer(target.device)
+        marks = {}
+
+        def started(state, marks=marks, timer=timer):
+            marks.setdefault("t0", timer.clock())
+            marks.setdefault("f0", timer.forward_s)
+
+        with timer:
+            state = generate(method, target, prompt, max_new_tokens=max_new_tokens, temperature=temperature,
+                             seed=seed + i, on_step=started)
+            end = timer.clock()
+        # the first step's callback marks the start: step 1 is excluded, steps 2.. are measured
+        measured = state.stats.num_steps - 1
+        if measured <= 0:
+            continue
+        wall += end - marks["t0"]
+        fwd += timer.forward_s - marks["f0"]
+        steps += measured
+        all_steps += state.stats.num_steps
+        tokens += state.stats.new_tokens
+    return {"steps": steps, "wall_ms": 1000 * wall / steps, "forward_ms": 1000 * fwd / steps,
+            "host_ms": 1000 * (wall - fwd) / steps, "tokens_per_step": tokens / max(1, all_steps)}

@@ -164,3 +164,32 @@ def test_the_default_profile_grid_reaches_the_admitted_budget_and_short_grids_ar
     assert DominoTreeConfig(budget="cond_adaptive").profile_node_counts[-1] == 64
     with pytest.raises(ConfigError, match=r"profile_node_counts ends at 128 but method.max_budget=1024"):
         CaDDTreeConfig(profile_node_counts=[0, 1, 2, 4, 8, 16, 32, 64, 128])
+
+
+@pytest.mark.parametrize("pool_size", [0, 12])
+@pytest.mark.parametrize("seed", range(3))
+def test_the_fast_domino_chain_equals_the_module_call_chain(seed, pool_size, tiny_drafter):
+    """decoding.domino.corrected_chain (fused GRU step, per-round tables) drafts what the paper's
+    loop with the GRU module and embed_proj drafts."""
+    from decoding.domino import corrected_chain
+    from decoding.sampling import Sampler
+
+    drafter, embed, z, base = domino_case(tiny_drafter, seed, vocab=40, depth=6)
+    head = Float32Head(drafter)
+    root, prefix = 5, drafter.spec.pure_draft_prefix_len
+    pool = torch.topk(base[prefix:].max(0).values, pool_size).indices if pool_size else None
+    got, _ = corrected_chain(head, embed.weight, z, base, root, prefix, pool, 0.0, Sampler(0))
+    want = []
+    with torch.no_grad():
+        for k in range(len(base)):
+            if k < prefix:
+                want.append(int(base[k].argmax()))
+                continue
+            h = gru_path_state(head.gru, embed(torch.tensor([root, *want])).float())
+            if pool is None:
+                scores = base[k] + correction(head.embed_proj, z[k][None], h[None])[0]
+                want.append(int(scores.argmax()))
+            else:
+                scores = base[k][pool] + correction(head.embed_proj, z[k][None], h[None], pool)[0]
+                want.append(int(pool[scores.argmax()]))
+    assert [int(t) for t in got] == want

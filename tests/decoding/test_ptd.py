@@ -73,6 +73,25 @@ def test_pool_keeps_at_most_cap_branches_per_root_dropping_the_stalest():
     assert pool.as_nested(7) == {2: {3: {}}, 4: {}}
 
 
+def test_pool_branch_counts_stay_exact_under_random_merges():
+    """The incremental branch count (what decides whether to walk the trie for eviction) equals a
+    full walk after any sequence of merges, and the cap holds."""
+    import random
+
+    rng = random.Random(0)
+    pool = TriePool(cap=5)
+
+    def random_subtree(depth):
+        if depth == 0:
+            return {}
+        return {rng.randrange(6): random_subtree(depth - 1) for _ in range(rng.randint(1, 2))}
+
+    for step in range(300):
+        root = rng.randrange(3)
+        pool.merge(root, random_subtree(rng.randint(1, 4)), step)
+        assert pool.leaves[root] == len(pool.branches(root)) <= 5
+
+
 def test_subtree_extraction_gives_the_continuations_below_a_node():
     f = chain_forest([1, 2, 3])
     f.add(9, 0, birth=5)

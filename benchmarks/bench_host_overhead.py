@@ -1,0 +1,66 @@
+"""Host overhead per decoding step, per method: the time a step spends outside the networks'
+forwards (wall minus forwards: the engine's and the method's Python and small tensor work), on a
+tiny random Qwen3-shaped model whose forward takes about a millisecond or two, so that the host work
+is what shows. Every method at its default settings (pipeline/zoo.py), at T=0 and T=1, prompts
+that mix repeated text (drafts get accepted) and random tokens (drafts get rejected).
+
+Goal: <= 0.5 ms per step for every method (on a GPU the forward of a big model is tens of ms, but
+the host work of a step is serial with it unless it is this small).
+
+    python benchmarks/bench_host_overhead.py [--methods ar,pld,ptd] [--prompts 4] [--max-new-tokens 64]
+
+Last line: `worst host overhead: <method> <ms> ms/step`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+
+import torch
+
+from pipeline.zoo import METHODS, build_method, host_overhead, random_target
+
+
+def prompts(n: int) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(0)
+    out = []
+    for i in range(n):
+        if i % 2 == 0:
+            out.append([7, 30, 31, 32, 33, 34] * 4)
+        else:
+            out.append(torch.randint(3, 500, (24,), generator=gen).tolist())
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--temperatures", default="0,1")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--device", default="cpu")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    folder = tempfile.mkdtemp(prefix="host_overhead_")
+    os.environ.setdefault("SPECDEC_CACHE", folder)  # the CaDDTree cost profile of the random model
+    target = random_target("tiny", dtype=torch.float32, device=args.device)
+    rows = []
+    print(f"tiny random Qwen3 (6 layers, hidden 64, vocab 512), fp32, {args.device}, threads={torch.get_num_threads()}, "
+          f"{args.prompts} prompts x {args.max_new_tokens} tokens")
+    print(f"{'method':22s} {'T':>3s} {'steps':>6s} {'tok/step':>8s} {'wall ms':>8s} {'fwd ms':>8s} {'host ms':>8s}")
+    for name in [m for m in args.methods.split(",") if m]:
+        method = build_method(name, target, folder)
+        for temperature in (float(t) for t in args.temperatures.split(",")):
+            r = host_overhead(method, target, prompts(args.prompts), args.max_new_tokens, temperature)
+            rows.append((name, temperature, r))
+            print(f"{name:22s} {temperature:3g} {r['steps']:6d} {r['tokens_per_step']:8.2f} {r['wall_ms']:8.3f} "
+                  f"{r['forward_ms']:8.3f} {r['host_ms']:8.3f}", flush=True)
+    name, temperature, worst = max(rows, key=lambda row: row[2]["host_ms"])
+    print(f"worst host overhead: {name} (T={temperature:g}) {worst['host_ms']:.3f} ms/step")
+
+
+if __name__ == "__main__":
+    main()
