@@ -106,18 +106,22 @@ def main() -> None:
                 rows[name].append(generate_example(method, target, task, ex, settings))
         ar_tps = totals(rows["ar"])["tokens_per_s"]
         print(f"\n[{task_name}] {len(examples)} prompts")
-        print(f"{'method':24s} {'tok/s':>6s} {'speedup':>7s} {'tau':>5s} {'reject':>6s} {'fwd/tok':>7s} "
+        # full/tok: full-target forwards per token; cost/tok: every target pass cost-weighted (a slim pass over k
+        # of L layers counts k/L), plus a self-speculative drafter's own layers in the same units
+        print(f"{'method':24s} {'tok/s':>6s} {'speedup':>7s} {'tau':>5s} {'reject':>6s} {'full/tok':>8s} {'cost/tok':>8s} "
               f"{'direct/slim/full':>17s} quality")
         for name, _ in runs:
             t = totals(rows[name])
             q = aggregate_quality(task_name, examples, [r["outputs"] for r in rows[name]], [r["quality"] for r in rows[name]])
             e, n = t["extra"], max(t["new_tokens"], 1)
             tiers = (f"{e.get('settled_direct', 0) / n:.2f}/{e.get('settled_slim', 0) / n:.2f}/"
-                     f"{e.get('settled_full', 0) / n:.2f}") if "slim_forwards" in e else "-"
+                     f"{e.get('settled_full', 0) / n:.2f}") if "slim_forwards" in e or "middle_forwards" in e else "-"
             rej = "-" if t["rejection_rate"] is None else f"{t['rejection_rate']:.2f}"
             qual = {k: round(v, 3) for k, v in q.items() if isinstance(v, (int, float))} if q else {}
+            full = t["target_forwards"] - e.get("slim_forwards", 0)
+            cost = t["target_forward_cost"] + e.get("drafter_forward_cost", 0)
             print(f"{name:24s} {t['tokens_per_s']:6.2f} {t['tokens_per_s'] / ar_tps:7.2f} {t['tau']:5.2f} {rej:>6s} "
-                  f"{t['target_forwards'] / n:7.2f} {tiers:>17s} {qual}")
+                  f"{full / n:8.2f} {cost / n:8.2f} {tiers:>17s} {qual}")
 
 
 if __name__ == "__main__":

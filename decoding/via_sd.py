@@ -131,7 +131,7 @@ class VIASD(Method):
         t1 = time.perf_counter()
         chain = TokenTree.chain(state.root, drafts, list(p))
         s = probabilities(self.middle_logits(state, chain), state.temperature)
-        state.stats.add_extra("slim_forwards", 1)
+        state.stats.add_extra("slim_forwards" if self.middle_model is None else "middle_forwards", 1)
         plan = self.plan(state, drafts, p, s)
         settled: list[int] = []  # drafts kept by tiers 1-2
         tiers: list[str] = []  # which of the two kept each of them

@@ -186,6 +186,7 @@ def host_overhead(method, target: TargetModel, prompts: list[list[int]], max_new
     generate(method, target, prompts[0], max_new_tokens=min(8, max_new_tokens), temperature=temperature)  # warm-up
     wall = fwd = 0.0
     steps = tokens = all_steps = 0
+    outputs, tau_steps, tau_accepted = [], 0, 0
     for i, prompt in enumerate(prompts):
         timer = ForwardTimer(target.device)
         marks = {}
@@ -198,6 +199,9 @@ def host_overhead(method, target: TargetModel, prompts: list[list[int]], max_new
             state = generate(method, target, prompt, max_new_tokens=max_new_tokens, temperature=temperature,
                              seed=seed + i, on_step=started)
             end = timer.clock()
+        outputs.append(state.new_tokens)
+        tau_steps += state.stats.num_steps
+        tau_accepted += state.stats.num_accepted_tokens
         # the first step's callback marks the start: step 1 is excluded, steps 2.. are measured
         measured = state.stats.num_steps - 1
         if measured <= 0:
@@ -207,5 +211,7 @@ def host_overhead(method, target: TargetModel, prompts: list[list[int]], max_new
         steps += measured
         all_steps += state.stats.num_steps
         tokens += state.stats.new_tokens
+    steps = max(steps, 1)
     return {"steps": steps, "wall_ms": 1000 * wall / steps, "forward_ms": 1000 * fwd / steps,
-            "host_ms": 1000 * (wall - fwd) / steps, "tokens_per_step": tokens / max(1, all_steps)}
+            "host_ms": 1000 * (wall - fwd) / steps, "tokens_per_step": tokens / max(1, all_steps),
+            "tau": (tau_accepted + tau_steps) / max(1, tau_steps), "outputs": outputs}

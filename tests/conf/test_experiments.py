@@ -127,7 +127,8 @@ def test_smoke_experiment_runs_one_cell_of_every_method(smoke, tmp_path):
     assert sorted(summaries) == sorted(methods)
     for method, summary in summaries.items():
         assert summary["num_prompts"] == 1 and summary["experiment"] == smoke and summary["speedup"] > 0
-        if summary["lossless"]:
-            assert summary["match_rate"] == 1.0, method  # T=0: a lossless method reproduces AR
+        if summary["lossless"]:  # T=0: a lossless method reproduces AR, up to diagnosed bf16 near-ties
+            assert summary["match_divergences"] == 0, method
+            assert summary["match_rate"] + summary["match_ties"] == 1, method
     if not_run:
         pytest.skip(f"{smoke}: ran {', '.join(methods)}; not run: {', '.join(not_run)}")

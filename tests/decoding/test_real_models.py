@@ -20,7 +20,8 @@ register_configs()
 @pytest.fixture(scope="module", params=["smollm2-135m", "gemma3-270m"])
 def real_target(request):
     with initialize_config_module(config_module="conf", version_base="1.3"):
-        cfg = OmegaConf.to_object(compose("config", overrides=[f"model={request.param}"]))
+        # fp32: the exact comparisons below are fp32 proofs (the offline models default to auto = bf16)
+        cfg = OmegaConf.to_object(compose("config", overrides=[f"model={request.param}", "model.dtype=float32"]))
     model, tokenizer = load_model(cfg.model)
     return TargetModel(model, tokenizer)
 

@@ -25,7 +25,7 @@ def sweep_dir(tiny_model_dirs, tmp_path_factory) -> Path:
     for num, overrides in enumerate([["method=ar"], ["method=pld"], ["method=pld", "method.num_draft_tokens=4"]]):
         with initialize_config_module(config_module="conf", version_base="1.3"):
             cfg = compose("config", overrides=[
-                "model=smollm2-135m", "model.source=hub", f"model.path={tiny_model_dirs['llama']}",
+                "model=smollm2-135m", "model.source=hub", "model.dtype=float32", f"model.path={tiny_model_dirs['llama']}",
                 "model.name=tiny-llama", "task=humaneval", "task.limit=2", "max_new_tokens=10", "tracker=none",
                 f"outputs_root={root / 'outputs'}", "experiment_name=unit_sweep", *overrides])
         run(cfg, sweep / f"{num}_{overrides[0][7:]}_humaneval", show_progress=False)

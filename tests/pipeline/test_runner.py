@@ -14,7 +14,7 @@ register_configs()
 
 def job_config(tiny_dir: Path, tmp_path: Path, *extra):
     overrides = [
-        "model=smollm2-135m", "model.source=hub", f"model.path={tiny_dir}", "model.name=tiny-llama",
+        "model=smollm2-135m", "model.source=hub", "model.dtype=float32", f"model.path={tiny_dir}", "model.name=tiny-llama",
         "task=humaneval", "task.limit=3", "max_new_tokens=12", "tracker=none", f"outputs_root={tmp_path / 'outputs'}",
         *extra,
     ]

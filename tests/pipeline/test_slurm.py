@@ -17,7 +17,7 @@ WAIT_S = 420  # bound on every wait in this file
 
 
 def sweep_command(tmp_path: Path, *overrides: str) -> list[str]:
-    return [sys.executable, "-m", "pipeline", "-m", "model=smollm2-135m", "model.source=hub", "model.name=tiny",
+    return [sys.executable, "-m", "pipeline", "-m", "model=smollm2-135m", "model.source=hub", "model.dtype=float32", "model.name=tiny",
             "task=humaneval", "max_new_tokens=8", "tracker=none", "threads=1", f"outputs_root={tmp_path / 'outputs'}",
             "hydra/launcher=slurm", "hydra.launcher.partition=debug", "hydra.launcher.gpus_per_node=null",
             "hydra.launcher.mem_gb=null", "hydra.launcher.cpus_per_task=1", "hydra.launcher.timeout_min=10",

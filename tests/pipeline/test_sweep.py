@@ -14,7 +14,7 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
 def sweep(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "pipeline", "-m", "model=smollm2-135m", "model.source=hub", "model.name=tiny",
+    cmd = [sys.executable, "-m", "pipeline", "-m", "model=smollm2-135m", "model.source=hub", "model.dtype=float32", "model.name=tiny",
            "task.limit=2", "max_new_tokens=8", "tracker=none", "threads=1", f"outputs_root={tmp_path / 'outputs'}",
            f"hydra.sweep.dir={tmp_path / 'sweep'}", *overrides]
     return subprocess.run(cmd, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=900,

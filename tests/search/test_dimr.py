@@ -42,7 +42,7 @@ def dimr_cfg(six_layer_dir, tmp_path):
         GlobalHydra.instance().clear()
         with initialize_config_module(config_module="conf", version_base="1.3"):
             cfg = compose("search", overrides=[
-                "objective=dimr", "model.name=tiny6", f"model.path={six_layer_dir}", "model.source=hub",
+                "objective=dimr", "model.name=tiny6", f"model.path={six_layer_dir}", "model.source=hub", "model.dtype=float32",
                 "tracker=none", "sampler=random", f"n_trials={n_trials}", f"storage={tmp_path / 'dimr.journal'}",
                 "show_progress=false", "objective.calibration_prompts=2", "objective.calibration_tokens=8",
                 "objective.skip=2", f"objective.export_dir={tmp_path / 'masks'}", *overrides])

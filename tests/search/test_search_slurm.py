@@ -49,7 +49,7 @@ def test_two_slurm_workers_share_one_study_and_a_killed_worker_resumes(slurm_clu
     from optuna.trial import TrialState
 
     journal = tmp_path / "study.journal"
-    cmd = [sys.executable, "-m", "search", "-m", "worker=0,1", "model=smollm2-135m", "model.source=hub",
+    cmd = [sys.executable, "-m", "search", "-m", "worker=0,1", "model=smollm2-135m", "model.source=hub", "model.dtype=float32",
            f"model.path={tiny_model_dirs['llama']}", "model.name=tiny", f"n_trials={N_TRIALS}", "tracker=none",
            f"storage={journal}", "objective.calibration_prompts=4", "objective.max_new_tokens=160",
            f"objective.export_dir={tmp_path / 'export'}", "show_progress=false", "threads=1",

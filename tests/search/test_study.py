@@ -28,7 +28,7 @@ def compose_search(overrides):
 def study_cfg(tiny_model_dirs, tmp_path):
     def make(n_trials, metric="tau_per_cost", *extra):
         return compose_search([
-            "model.name=tiny", f"model.path={tiny_model_dirs['llama']}", "model.source=hub", "tracker=none",
+            "model.name=tiny", f"model.path={tiny_model_dirs['llama']}", "model.source=hub", "model.dtype=float32", "tracker=none",
             f"n_trials={n_trials}", "sampler=random", f"storage={tmp_path / 'ptd.journal'}", "study_name=t",
             "show_progress=false", "objective.calibration_prompts=2", "objective.max_new_tokens=10",
             f"objective.metric={metric}", f"objective.export_dir={tmp_path / 'conf'}", "objective.export_name=ptd_t",

@@ -1,0 +1,205 @@
+"""The GPU/bf16 smoke check: every method on a random Qwen3-shaped target in bf16, in one script.
+
+On one GPU (default shape: Qwen3-1.7B's, random weights; a few minutes):
+1. every method (pipeline/zoo.py METHODS) at T=0 and T=1 on a few prompts: no crash, tokens/s,
+   τ, host ms per step (wall minus network forwards), and at T=0 the tie diagnosis of every
+   mismatch with AR (decoding/ties.py): a lossless method may leave AR only at near-ties;
+2. DominoTree's fast builder (device tables; on CUDA the per-node step is a CUDA graph) against the
+   reference builder on the drafts of a real run: equal trees, and each builder's ms per tree;
+3. the forward-cost curve: ms of one forward of n rows (n = 1 .. 1024) on a 512-token cache.
+The drafters are random too, in the published layout (z-lab DFlash / Huang2020 Domino config
+fields and tensor names), so acceptance is low: this checks that everything runs and is correct
+on the device, not how fast a trained drafter is.
+
+    python benchmarks/gpu_smoke.py [--out gpu_smoke.json]            # a GPU
+    python benchmarks/gpu_smoke.py --device cpu --tiny                # the same code, tiny shape, < 1 min (tests)
+
+Exits 1 if a method crashed, a lossless method diverged from AR beyond a near-tie, or the two tree
+builders disagreed; the last line says which.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from decoding.ar import AR
+from decoding.domino_scorer import FastScorer, ReferenceScorer
+from decoding.draft_tree import build_best_first
+from decoding.ties import diagnose
+from pipeline.errors import one_line
+from pipeline.zoo import METHODS, build_method, host_overhead, random_target
+
+
+def prompts(count: int, vocab: int) -> list[list[int]]:
+    """Half repeated text (drafts get accepted), half random tokens (drafts get rejected)."""
+    gen = torch.Generator().manual_seed(0)
+    out = []
+    for i in range(count):
+        out.append([7, 30, 31, 32, 33, 34] * 4 if i % 2 == 0 else torch.randint(3, vocab - 1, (24,), generator=gen).tolist())
+    return out
+
+
+def sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def run_methods(target, folder, shape, names, prompt_ids, max_new_tokens) -> list[dict]:
+    rows, ar_outputs = [], None
+    for name in names:
+        try:
+            method = build_method(name, target, folder, shape)
+        except Exception as err:  # a crash is a result here: report it and go on
+            rows.append({"method": name, "T": None, "error": f"{type(err).__name__}: {one_line(err)}"})
+            continue
+        for temperature in (0.0, 1.0):
+            row = {"method": name, "T": temperature}
+            try:
+                r = host_overhead(method, target, prompt_ids, max_new_tokens, temperature)
+            except Exception as err:
+                rows.append({**row, "error": f"{type(err).__name__}: {one_line(err)}"})
+                continue
+            outputs = r.pop("outputs")
+            row.update({k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()})
+            row["tokens_per_s"] = round(r["tokens_per_step"] / (r["wall_ms"] / 1000), 2) if r["wall_ms"] else 0.0
+            if temperature == 0 and name == "ar":
+                ar_outputs = outputs
+            elif temperature == 0 and method.lossless and ar_outputs is not None:
+                kinds = [d.kind for d in (diagnose(target, p, a, o) for p, a, o in zip(prompt_ids, ar_outputs, outputs))
+                         if d is not None]
+                row.update(match=sum(a == o for a, o in zip(ar_outputs, outputs)), ties=kinds.count("tie"),
+                           diverged=kinds.count("divergence"))
+            rows.append(row)
+    return rows
+
+
+def compare_builders(target, folder, shape, prompt_ids, max_new_tokens) -> dict:
+    """Record the draft passes of a DominoTree run, then build every round's tree with both builders."""
+    method = build_method("dominotree", target, folder, shape)
+    cfg, recorded = method.config, []
+    real_pass = method.draft_pass
+
+    def recording(state):
+        draft = real_pass(state)
+        recorded.append((state.root, draft))
+        return draft
+
+    method.draft_pass = recording
+    from decoding.engine import generate
+
+    for p in prompt_ids:
+        generate(method, target, p, max_new_tokens=max_new_tokens)
+    graphs: dict = {}
+    times = {"fast": [], "reference": []}
+    equal = True
+    for i, (root, draft) in enumerate(recorded):
+        built = {}
+        for kind in ("fast", "reference"):
+            sync(target.device)
+            t0 = time.perf_counter()
+            scorer = FastScorer(method.drafter, method.head, method.embed, draft.hidden, draft.logits, cfg.node_topk,
+                                cfg.corr_topm, cfg.num_nodes, graph_holder=graphs) if kind == "fast" else \
+                ReferenceScorer(method.drafter, method.head, method.embed, draft.hidden, draft.logits, cfg.node_topk,
+                                cfg.corr_topm)
+            built[kind] = build_best_first(root, scorer, cfg.num_nodes, max_depth=len(draft.logits))
+            sync(target.device)
+            if i:  # round 0 captures the CUDA graph: not timed
+                times[kind].append(time.perf_counter() - t0)
+        same = built["fast"].tree.tokens == built["reference"].tree.tokens and \
+            built["fast"].tree.parents == built["reference"].tree.parents
+        equal = equal and same
+    ms = {k: round(1000 * sum(v) / max(1, len(v)), 3) for k, v in times.items()}
+    return {"rounds": len(recorded), "equal_trees": equal, "cuda_graph": "step" in graphs,
+            "fast_ms_per_tree": ms["fast"], "reference_ms_per_tree": ms["reference"]}
+
+
+@torch.inference_mode()
+def cost_curve(target, context: int, sizes: list[int], repeats: int = 3) -> list[dict]:
+    vocab = target.config.vocab_size
+    target.prefill(torch.randint(3, vocab - 1, (context,), generator=torch.Generator().manual_seed(0)).tolist())
+    rows, base = [], None
+    for n in sizes:
+        tokens = torch.randint(3, vocab - 1, (n,), device=target.device)
+        depths = torch.arange(n, device=target.device)
+        visible = torch.ones(n, n, dtype=torch.bool).tril()
+        times = []
+        for _ in range(repeats + 1):
+            sync(target.device)
+            t0 = time.perf_counter()
+            target.forward(tokens, depths, visible)
+            sync(target.device)
+            times.append(time.perf_counter() - t0)
+            target.truncate(context)
+        ms = 1000 * sorted(times[1:])[len(times[1:]) // 2]
+        base = base or ms
+        rows.append({"rows": n, "ms": round(ms, 3), "x_one_row": round(ms / base, 2)})
+    return rows
+
+
+def print_report(report: dict) -> None:
+    print(f"device {report['device']}  shape {report['shape']}  dtype {report['dtype']}  torch {report['torch']}")
+    print("| method | T | tok/s | τ | host ms/step | fwd ms/step | match | ties | diverged |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in report["methods"]:
+        if "error" in r:
+            print(f"| {r['method']} | {r['T']} | FAILED: {r['error']} |")
+            continue
+        print(f"| {r['method']} | {r['T']:g} | {r['tokens_per_s']:.1f} | {r['tau']:.2f} | {r['host_ms']:.3f} | "
+              f"{r['forward_ms']:.3f} | {r.get('match', '–')} | {r.get('ties', '–')} | {r.get('diverged', '–')} |")
+    b = report["builders"]
+    print(f"DominoTree builders: {b['rounds']} rounds, equal trees: {b['equal_trees']}, CUDA graph: {b['cuda_graph']}, "
+          f"fast {b['fast_ms_per_tree']} ms/tree, reference {b['reference_ms_per_tree']} ms/tree")
+    print("forward cost: " + ", ".join(f"n={r['rows']}: {r['ms']} ms ({r['x_one_row']}x)" for r in report["cost_curve"]))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--tiny", action="store_true", help="the tiny shape (CI, CPU) instead of Qwen3-1.7B's")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--prompts", type=int, default=None, help="default 4 (tiny: 2)")
+    ap.add_argument("--max-new-tokens", type=int, default=None, help="default 48 (tiny: 16)")
+    ap.add_argument("--max-rows", type=int, default=1024, help="largest row count of the cost curve")
+    ap.add_argument("--out", default=None, help="write the report as JSON")
+    args = ap.parse_args()
+    shape = "tiny" if args.tiny else "qwen3-1.7b"
+    n_prompts = args.prompts or (2 if args.tiny else 4)
+    max_new = args.max_new_tokens or (16 if args.tiny else 48)
+    folder = Path(tempfile.mkdtemp(prefix="gpu_smoke_"))
+    os.environ.setdefault("SPECDEC_CACHE", str(folder / "cache"))  # the CaDDTree cost profile of this random model
+    t0 = time.perf_counter()
+    target = random_target(shape, dtype=getattr(torch, args.dtype), device=args.device)
+    prompt_ids = prompts(n_prompts, target.config.vocab_size)
+    names = [m for m in args.methods.split(",") if m]
+    if names[0] != "ar":
+        names.insert(0, "ar")  # the reference of the tie diagnosis
+    report = {"device": torch.cuda.get_device_name(0) if torch.device(args.device).type == "cuda" else "cpu",
+              "shape": shape, "dtype": args.dtype, "torch": torch.__version__,
+              "methods": run_methods(target, folder, shape, names, prompt_ids, max_new),
+              "builders": compare_builders(target, folder, shape, prompt_ids[:2], max_new),
+              "cost_curve": cost_curve(target, 512, [n for n in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+                                                     if n <= args.max_rows])}
+    report["seconds"] = round(time.perf_counter() - t0, 1)
+    print_report(report)
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=2))
+    problems = [f"{r['method']} crashed ({r['error']})" for r in report["methods"] if "error" in r]
+    problems += [f"{r['method']} diverged from AR on {r['diverged']} prompt(s)" for r in report["methods"]
+                 if r.get("diverged")]
+    if not report["builders"]["equal_trees"]:
+        problems.append("the fast and reference DominoTree builders built different trees")
+    print(f"gpu smoke: {'FAILED: ' + '; '.join(problems) if problems else 'ok'} ({report['seconds']} s)")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
