@@ -40,8 +40,9 @@ class AuxRows:
             rows.append(self.add(tok, first_depth + k, [*sees, *rows]))
         return rows
 
-    def visible(self, n_tree: int) -> torch.Tensor:
-        """[n_aux, n_tree + n_aux] bool, the `aux_visible` of a Proposal (built in numpy on the host)."""
+    def visible(self, n_tree: int) -> np.ndarray:
+        """[n_aux, n_tree + n_aux] bool, the `aux_visible` of a Proposal (a host array: the engine
+        assembles the block's visibility on the host and copies it to the device once)."""
         n = len(self.tokens)
         mask = np.zeros((n, n_tree + n), dtype=bool)
         if n:
@@ -49,7 +50,7 @@ class AuxRows:
             rows = [i for i, s in enumerate(self.sees) for _ in range(len(s) + 1)]
             cols = [n_tree + j for i, s in enumerate(self.sees) for j in (*s, i)]
             mask[rows, cols] = True
-        return torch.from_numpy(mask)
+        return mask
 
     def proposal(self, tree: TokenTree, hidden_layers: tuple[int, ...] = ()) -> Proposal:
         if not self.tokens:

@@ -37,7 +37,7 @@ class Proposal:
     tree: TokenTree
     aux_tokens: list[int] = field(default_factory=list)
     aux_depths: list[int] = field(default_factory=list)
-    aux_visible: torch.Tensor | None = None
+    aux_visible: np.ndarray | None = None  # host bool array (AuxRows.visible)
     hidden_layers: tuple[int, ...] = ()
 
 

@@ -125,7 +125,8 @@ class SelfDraft(Method):
         return found
 
     def observe(self, state: DecodeState, result: StepResult) -> None:
-        out = result.aux_logits().argmax(-1).tolist()  # argmax of every draft row (also at T > 0)
+        best = result.output.logits.argmax(-1).tolist()  # argmax of every row, one host copy (also at T > 0)
+        out, root_next = best[len(result.proposal.tree):], best[0]
         if not self.levels:  # first step: level 1 = the prediction after each prefix
             self.levels = [[out[rows[-1]] for rows in self.column_rows]]
             self.prefixes.pop(0)  # column 0 is now the root's own column
@@ -134,14 +135,14 @@ class SelfDraft(Method):
             last = [out[rows[-1]] for rows in self.column_rows]
             self.levels = [lv[1:] for lv in self.levels] + [last[1:]]
         else:
-            self.update_cache(state, result, out)
+            self.update_cache(state, result, out, root_next)
             last = [out[rows[-1]] for rows in self.column_rows]
             for c, prefix in enumerate(self.prefixes, start=1):  # each prefix slides along its column
                 prefix.append(self.levels[0][c])
                 prefix.pop(0)
             self.levels = [*self.levels[1:], last]
 
-    def update_cache(self, state: DecodeState, result: StepResult, out: list[int]) -> None:
+    def update_cache(self, state: DecodeState, result: StepResult, out: list[int], root_next: int) -> None:
         g = self.gram_n
         chains = []  # (column inputs, outputs at those rows), columns >= 1, aligned at the bottom
         for c in range(1, len(self.column_rows)):
@@ -159,7 +160,7 @@ class SelfDraft(Method):
         # when committed, else the output of the row before it (root row, then column 0's levels)
         text = state.sequence[:len(state.sequence) - len(result.committed)]
         extended = text + [lv[0] for lv in self.levels]
-        following = [int(result.output.logits[0].argmax())] + col0
+        following = [root_next] + col0
         for i in range(max(0, self.text_mark - g - 1), len(extended) - g + 1):
             nxt = i + g
             last = extended[nxt] if nxt < len(text) else following[nxt - len(text)]
