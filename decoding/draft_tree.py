@@ -21,6 +21,7 @@ from typing import Callable, Optional
 
 import torch
 
+from decoding.sampling import to_host
 from decoding.tree import TokenTree
 
 # expand(node, parent, token, depth) -> (child tokens, child log-probs), best first; called once per
@@ -76,7 +77,10 @@ def marginal_expand(logits: torch.Tensor, k: int) -> Expand:
     One device->host copy for the whole tree."""
     logprobs = torch.log_softmax(logits.float(), dim=-1)
     values, ids = torch.topk(logprobs, min(k, logits.shape[-1]), dim=-1)
-    values, ids = values.tolist(), ids.tolist()
+    width = values.shape[-1]
+    flat_values, flat_ids = to_host(values, ids)  # one device->host copy
+    values = [flat_values[d * width:(d + 1) * width] for d in range(len(logits))]
+    ids = [flat_ids[d * width:(d + 1) * width] for d in range(len(logits))]
 
     def expand(_node: int, _parent: int, _token: int, depth: int) -> tuple[list[int], list[float]]:
         return ids[depth], values[depth]

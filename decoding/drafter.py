@@ -70,10 +70,11 @@ class Drafter:
         return sequence[m:]
 
     def draft(self, sequence: list[int], gamma: int, temperature: float,
-              sampler: Sampler) -> tuple[list[int], torch.Tensor]:
+              sampler: Sampler, need_dists: bool = True) -> tuple[list[int], torch.Tensor | None]:
         """γ draft tokens and the [γ, V] distributions they came from (softmax at T; at T=0 the
-        tokens are the argmax and the distributions are taken at T=1, for rules that need them).
-        Each drafted token is fed back as a device tensor: one host copy per draft, not per token."""
+        tokens are the argmax and the distributions are taken at T=1, for rules that need them;
+        `need_dists=False` at T=0 skips them and returns None). Each drafted token is fed back as a
+        device tensor: one host copy per draft, not per token."""
         fed = self._catch_up(sequence)
         device = self.lm.device
         sampler = sampler.for_device(self.lm.output_device)
@@ -81,14 +82,14 @@ class Drafter:
         tokens, dists = [], []
         for _ in range(gamma):
             logits = self.lm.forward(feed, torch.arange(len(feed), device=device), None, last_only=True).logits[-1]
-            dist = probabilities(logits, temperature)
+            dist = probabilities(logits, temperature) if need_dists or temperature > 0 else None
             tok = logits.argmax() if temperature <= 0 else sampler.categorical(dist)
             tokens.append(tok)
             dists.append(dist)
             feed = tok.view(1).to(device)
         drafted = to_host(torch.stack(tokens))[0]
         self.cached.extend(fed + drafted[:-1])  # the last draft is not fed yet
-        return drafted, torch.stack(dists)
+        return drafted, None if dists[0] is None else torch.stack(dists)
 
     def record(self, stats) -> None:
         """The drafter's own passes of this generation; in target-forward units when its layers

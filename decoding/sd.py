@@ -38,7 +38,8 @@ class SpeculativeDecoding(Method):
         self.drafter.begin(state.sequence)
 
     def propose(self, state: DecodeState) -> Proposal:
-        tokens, dists = self.drafter.draft(state.sequence, self.gamma, state.temperature, state.sampler)
+        tokens, dists = self.drafter.draft(state.sequence, self.gamma, state.temperature, state.sampler,
+                                           need_dists=not state.greedy)
         # At T=0 the drafts are argmaxes (deterministic proposals); at T>0 they were sampled from q.
         return Proposal(TokenTree.chain(state.root, tokens, None if state.greedy else list(dists)))
 

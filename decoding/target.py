@@ -209,7 +209,7 @@ class TargetModel:
         layers (each writes its KV to its own cache layer, by its layer index), final norm, head."""
         stack, head = self.model.model, self.model.lm_head
         prefix = self.cache_len
-        if mask is None:  # plain causal chain after the cached prefix
+        if mask is None and len(tokens) > 1:  # plain causal chain after the cached prefix (one row needs no mask)
             n = len(tokens)
             mask = additive_mask(torch.ones(n, n, dtype=torch.bool, device=self.device).tril(), prefix, self.dtype)
         pos = positions[None]

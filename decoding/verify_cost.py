@@ -69,8 +69,25 @@ class VerifyCostModel:
         values = [float(np.interp(n, self.node_counts, curve)) for curve in self.fitted]
         return float(np.interp(context, self.context_lengths, values))  # np.interp clamps outside the grid
 
+    def verify_curve(self, context: int) -> np.ndarray:
+        """Cv(n, ctx) for n = 0 .. max_nodes at one context, in one vectorised interpolation."""
+        n = np.arange(self.max_nodes + 1)
+        per_context = np.stack([np.interp(n, self.node_counts, curve) for curve in self.fitted])  # [C, N]
+        return _interp_rows(context, self.context_lengths, per_context)
+
     def to_json(self) -> dict:
         return self.__dict__.copy()
+
+
+def _interp_rows(x: float, xs: list[int], rows: np.ndarray) -> np.ndarray:
+    """Linear interpolation between the rows of `rows` [len(xs), N] at x, clamped outside xs."""
+    if x <= xs[0]:
+        return rows[0]
+    if x >= xs[-1]:
+        return rows[-1]
+    j = int(np.searchsorted(xs, x)) - 1
+    w = (x - xs[j]) / (xs[j + 1] - xs[j])
+    return (1 - w) * rows[j] + w * rows[j + 1]
 
 
 class CostAwareStop:
@@ -80,13 +97,14 @@ class CostAwareStop:
     def __init__(self, model: VerifyCostModel, context: int):
         self.model, self.context = model, context
         self.phi = 0.0
-        self.theta = 1.0 / (model.draft_s + model.verify_s(0, context))
+        self.cost = (model.draft_s + model.verify_curve(context)).tolist()  # Cd + Cv(n, ctx), n = 0..max_nodes
+        self.theta = 1.0 / self.cost[0]
 
     def __call__(self, n: int, score: float) -> bool:
         if n + 1 > self.model.max_nodes:  # never admit a node the profile does not cover
             return False
         delta = math.exp(score)
-        theta_new = (1.0 + self.phi + delta) / (self.model.draft_s + self.model.verify_s(n + 1, self.context))
+        theta_new = (1.0 + self.phi + delta) / self.cost[n + 1]
         if theta_new <= self.theta:
             return False
         self.phi += delta

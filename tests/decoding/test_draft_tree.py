@@ -193,3 +193,11 @@ def test_the_fast_domino_chain_equals_the_module_call_chain(seed, pool_size, tin
                 scores = base[k][pool] + correction(head.embed_proj, z[k][None], h[None], pool)[0]
                 want.append(int(pool[scores.argmax()]))
     assert [int(t) for t in got] == want
+
+
+def test_the_vectorised_cost_curve_equals_pointwise_cv():
+    cost = VerifyCostModel([0, 10, 100], [0, 1000, 4000], [[1.0, 1.2, 5.0], [2.0, 2.2, 6.0], [3.0, 3.5, 9.0]], 0.3)
+    for context in (-5, 0, 300, 1000, 2500, 9000):
+        curve = cost.verify_curve(context)
+        assert len(curve) == 101
+        np.testing.assert_allclose(curve, [cost.verify_s(n, context) for n in range(101)], rtol=1e-12)

@@ -37,7 +37,7 @@ def reads_per_step(method, target, temperature, monkeypatch) -> float:
 # int(argmax) and a host tensor per token), PTD one per forest node, VIA-SD 4-6 per position,
 # sampling acceptance 2-3 per child.
 BOUNDS = {"ar": 1, "pld": 1, "lookahead": 2, "self_draft": 2, "ptd": 2, "sd": 2, "spec_cascade": 2, "via_sd": 3,
-          "dflash": 2, "ddtree": 3, "domino": 2}
+          "dflash": 2, "ddtree": 2, "caddtree": 2, "domino": 2}
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
