@@ -34,9 +34,11 @@ def compose_run(overrides: list[str]):
 
 
 def load(model_name: str, task_name: str, limit: int, overrides: tuple[str, ...] = ()):
+    """Model, tokenizer and chat prompts as `python -m pipeline model=<model_name> task=<task_name>` has them."""
     rc = compose_run([f"model={model_name}", f"task={task_name}", f"task.limit={limit}", *overrides])
     model, tokenizer = load_model(rc.model)
-    prompts = [build_chat(tokenizer, rc.task, [(ex.turns[0], None)]) for ex in load_examples(rc.task)]
+    prompts = [build_chat(tokenizer, rc.task, [(ex.turns[0], None)], rc.model.chat_template_kwargs)
+               for ex in load_examples(rc.task)]
     return model, tokenizer, prompts
 
 
@@ -95,11 +97,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--context", type=int, default=300)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--dtype", default=None, help="model.dtype (default: the model config's, auto = bf16 where native)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    model, tokenizer, prompts = load(args.model, args.task, args.prompts)
-    print(f"model={args.model} threads={torch.get_num_threads()} torch={torch.__version__}")
+    model, tokenizer, prompts = load(args.model, args.task, args.prompts,
+                                     (f"model.dtype={args.dtype}",) if args.dtype else ())
+    print(f"model={args.model} dtype={next(model.parameters()).dtype} threads={torch.get_num_threads()} "
+          f"torch={torch.__version__}")
     bench_ar(model, tokenizer, prompts, args.max_new_tokens, args.repeats)
     bench_forward_cost(model, args.context, [1, 2, 4, 8, 16, 32, 64, 128], repeats=5)
 

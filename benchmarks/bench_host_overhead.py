@@ -36,7 +36,8 @@ def prompts(n: int) -> list[list[int]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--methods", default=",".join(METHODS))
+    # the reference DominoTree builder is a test oracle, not a setting anyone runs: not in the default list
+    ap.add_argument("--methods", default=",".join(m for m in METHODS if m != "dominotree_reference"))
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--temperatures", default="0,1")
@@ -59,7 +60,8 @@ def main() -> None:
             print(f"{name:22s} {temperature:3g} {r['steps']:6d} {r['tokens_per_step']:8.2f} {r['wall_ms']:8.3f} "
                   f"{r['forward_ms']:8.3f} {r['host_ms']:8.3f}", flush=True)
     name, temperature, worst = max(rows, key=lambda row: row[2]["host_ms"])
-    print(f"worst host overhead: {name} (T={temperature:g}) {worst['host_ms']:.3f} ms/step")
+    print(f"(worst at T={temperature:g}; goal <= 0.5 ms/step)")
+    print(f"worst host overhead: {name} {worst['host_ms']:.3f} ms/step")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 
 from decoding.block_draft import BlockDraftMethod
 from decoding.engine import DecodeState, Proposal
@@ -85,16 +86,17 @@ def corrected_chain(head, embeds, z, base, root: int, prefix: int, pool, tempera
         if k < prefix:
             logits, local = base[k], None
         else:
+            # F.embedding, not embeds[tok]: indexing with a 0-dim device tensor reads it on the host (a sync)
             if s_proj is None:  # the GRU reads the root and the uncorrected prefix
                 for tok in [torch.full((), root, device=z.device), *tokens]:
-                    h, s_proj = head.state_step(head.w_ih @ embeds[tok].float(), h)
+                    h, s_proj = head.state_step(head.w_ih @ F.embedding(tok, embeds).float(), h)
             else:
-                h, s_proj = head.state_step(head.w_ih @ embeds[tokens[-1]].float(), h)
+                h, s_proj = head.state_step(head.w_ih @ F.embedding(tokens[-1], embeds).float(), h)
             logits = torch.addmv(base_pool[k], w2, torch.nn.functional.silu(z_proj[k] + s_proj))
             local = pool
         q = torch.softmax(logits / temperature, dim=-1) if temperature > 0 else None
         pick = sampler.categorical(q) if q is not None else logits.argmax()
-        tokens.append(pick if local is None else local[pick])
+        tokens.append(pick if local is None else local.gather(0, pick.view(1))[0])
         pool_probs.append((q, local))
     return tokens, pool_probs
 

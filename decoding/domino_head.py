@@ -75,6 +75,7 @@ class Float32Head:
         self.w_z = w1[:, :self.hidden_size]  # [E, H]: the z part of W1
         # the state's two uses in one matmul, as in Domino's rollout: h @ [W1_s^T | W_hh^T] -> (s_proj, gh)
         self.w_state = torch.cat([w1[:, self.hidden_size:].t(), self.gru.weight_hh_l0.t()], dim=1).contiguous()
+        self.w_hh_t = self.gru.weight_hh_l0.t().contiguous()  # [G, 3G]
         self.w2 = self.embed_proj[2].weight  # [V, E]
         self.emb_dim = w1.shape[0]
 

@@ -48,20 +48,21 @@ class ReferenceScorer:
         return cand[local].tolist(), values.tolist()
 
 
-def gru_cell(gi: torch.Tensor, h: torch.Tensor, w_hh: torch.Tensor) -> torch.Tensor:
-    """torch.nn.GRU's cell without biases, from the precomputed input projection gi = W_ih x."""
-    gh = h @ w_hh.t()
-    g = gi.shape[-1] // 3
-    r = torch.sigmoid(gi[:g] + gh[:g])
-    u = torch.sigmoid(gi[g:2 * g] + gh[g:2 * g])
-    return (1 - u) * torch.tanh(gi[2 * g:] + r * gh[2 * g:]) + u * h
+def gru_cell(gi: torch.Tensor, h: torch.Tensor, w_hh_t: torch.Tensor) -> torch.Tensor:
+    """torch.nn.GRU's cell without biases, from the precomputed input projection gi = W_ih x and
+    W_hh^T [G, 3G] (transposed once per round); the reset and update gates share one sigmoid."""
+    g = h.shape[-1]
+    gh = h @ w_hh_t
+    ru = torch.sigmoid(gi[:2 * g] + gh[:2 * g])
+    n = torch.tanh(gi[2 * g:] + ru[:g] * gh[2 * g:])
+    return n + ru[g:] * (h - n)
 
 
-def expand_step(gi, h, depth_index, z_proj, base_c, w2_c, w1_state, w_hh, k: int):
+def expand_step(gi, h, depth_index, z_proj, base_c, w2_c, w1_state, w_hh_t, k: int):
     """One expanded node: its GRU state, then the top-K of its corrected children over the depth's
     candidates -> (state, log-probs, local candidate indices). Shapes never change, so on CUDA this
     is what the graph captures."""
-    state = gru_cell(gi, h, w_hh)
+    state = gru_cell(gi, h, w_hh_t)
     mid = torch.nn.functional.silu(z_proj.index_select(0, depth_index)[0] + w1_state @ state)
     scores = base_c.index_select(0, depth_index)[0] + w2_c.index_select(0, depth_index)[0] @ mid
     values, local = torch.topk(torch.log_softmax(scores, -1), min(k, scores.shape[-1]))
@@ -72,12 +73,12 @@ class StepGraph:
     """CUDA graph of `expand_step` with static buffers, captured once per drafter and reused every
     round: a round copies its tables in (`load`), each expansion copies gi/h/depth in and replays."""
 
-    def __init__(self, z_proj, base_c, w2_c, w1_state, w_hh, k: int):
+    def __init__(self, z_proj, base_c, w2_c, w1_state, w_hh_t, k: int):
         self.tables = [t.clone() for t in (z_proj, base_c, w2_c)]
-        self.gi = torch.zeros(w_hh.shape[0], device=w_hh.device, dtype=w_hh.dtype)
-        self.h = torch.zeros(w_hh.shape[1], device=w_hh.device, dtype=w_hh.dtype)
-        self.depth = torch.zeros(1, dtype=torch.long, device=w_hh.device)
-        args = (self.gi, self.h, self.depth, *self.tables, w1_state, w_hh, k)
+        self.gi = torch.zeros(w_hh_t.shape[1], device=w_hh_t.device, dtype=w_hh_t.dtype)
+        self.h = torch.zeros(w_hh_t.shape[0], device=w_hh_t.device, dtype=w_hh_t.dtype)
+        self.depth = torch.zeros(1, dtype=torch.long, device=w_hh_t.device)
+        args = (self.gi, self.h, self.depth, *self.tables, w1_state, w_hh_t, k)
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
@@ -122,7 +123,7 @@ class FastScorer:
         self.z_proj = z @ w1[:, :hidden].t()  # [D, E]
         self.w1_state = w1[:, hidden:]  # [E, G]
         self.w2_c = proj[2].weight[self.cand]  # [D, M, E] fp32
-        self.w_hh, self.w_ih = gru.weight_hh_l0, gru.weight_ih_l0  # [3G, G], [3G, H]
+        self.w_hh_t, self.w_ih = head.w_hh_t, gru.weight_ih_l0  # W_hh^T [G, 3G], W_ih [3G, H]
         self.gi_cand = embed(self.cand).float() @ self.w_ih.t()  # [D, M, 3G]: GRU input projection per candidate
         p = min(self.prefix, depths)
         prefix_vals, prefix_ids = torch.topk(torch.log_softmax(base[:p].float(), -1), k, dim=-1)  # [p, K]
@@ -137,7 +138,7 @@ class FastScorer:
             tables = (self.z_proj, self.base_c, self.w2_c)
             graph = graph_holder.get("step")
             if graph is None or not graph.fits(*tables):
-                graph = graph_holder["step"] = StepGraph(*tables, self.w1_state, self.w_hh, k)
+                graph = graph_holder["step"] = StepGraph(*tables, self.w1_state, self.w_hh_t, k)
             graph.load(*tables)
             self.graph = graph
 
@@ -151,7 +152,7 @@ class FastScorer:
             gi, h = rows[tokens.index(token)], self.states[parent]
         if depth < self.prefix:
             # uncorrected depth: the state is still needed for the grandchildren
-            self.states[node] = gru_cell(gi, h, self.w_hh)
+            self.states[node] = gru_cell(gi, h, self.w_hh_t)
             ids, vals = self.prefix_host
             self.children[node] = (ids[depth], self.gi_prefix[depth])
             return ids[depth], vals[depth]
@@ -160,7 +161,7 @@ class FastScorer:
             state, values, local = self.graph(gi, h, depth_index)
         else:
             state, values, local = expand_step(gi, h, depth_index, self.z_proj, self.base_c, self.w2_c,
-                                               self.w1_state, self.w_hh, self.k)
+                                               self.w1_state, self.w_hh_t, self.k)
         self.states[node] = state
         packed = torch.stack([values.double(), self.cand[depth].index_select(0, local).double()]).tolist()  # one sync
         tokens = [int(t) for t in packed[1]]

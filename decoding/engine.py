@@ -149,8 +149,9 @@ def forward_proposal(target: TargetModel, proposal: Proposal, pending: list[int]
     if n_aux or not tree.is_chain:
         n = n_pend + n_tree + n_aux
         visible = np.zeros((n, n), dtype=bool)
-        visible[:n_pend, :n_pend] = np.tri(n_pend, dtype=bool)
-        visible[n_pend:, :n_pend] = True
+        if n_pend:
+            visible[:n_pend, :n_pend] = np.tri(n_pend, dtype=bool)
+            visible[n_pend:, :n_pend] = True
         visible[n_pend:n_pend + n_tree, n_pend:n_pend + n_tree] = tree.ancestor_array()
         if n_aux:
             visible[n_pend + n_tree:, n_pend:] = np.asarray(proposal.aux_visible)
