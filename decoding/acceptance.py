@@ -26,7 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
-from decoding.sampling import Sampler, probabilities, to_host
+from decoding.sampling import Sampler, probabilities
+from decoding.transfer import to_device, to_host
 from decoding.tree import TokenTree
 
 
@@ -70,7 +71,7 @@ def accept_against(tree: TokenTree, probs: torch.Tensor, sampler: Sampler) -> Ve
     target_draws = sampler.categorical(probs[:n])  # y ~ p at every node
     if chain_nodes:
         kids = [children[i][0] for i in chain_nodes]
-        rows, tokens = torch.tensor([chain_nodes, [tree.tokens[c] for c in kids]], device=probs.device)
+        rows, tokens = to_device([chain_nodes, [tree.tokens[c] for c in kids]], probs.device)
         p = probs.index_select(0, rows).float()
         p = p / p.sum(-1, keepdim=True)
         q = torch.stack([drafts[c].to(p.device).float() for c in kids])

@@ -15,6 +15,7 @@ import torch
 
 from decoding.dflash_drafter import DFlashDrafter, load_drafter
 from decoding.domino_head import Float32Head
+from decoding.transfer import to_device
 from decoding.engine import DecodeState, Method, StepResult
 from decoding.target import ForwardOutput, TargetModel
 from pipeline.errors import ConfigError
@@ -74,7 +75,7 @@ class BlockDraftMethod(Method):
                                dtype=self.target.dtype)
         feats = [output.hidden[layer] for layer in self.taps]
         if rows is not None:
-            index = torch.tensor(rows, device=feats[0].device)
+            index = to_device(rows, feats[0].device)
             feats = [f.index_select(0, index) for f in feats]
         return torch.cat(feats, dim=-1)
 

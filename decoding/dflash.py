@@ -17,7 +17,7 @@ import torch
 
 from decoding.block_draft import BlockDraftMethod
 from decoding.engine import DecodeState, Proposal
-from decoding.sampling import to_host
+from decoding.transfer import to_host
 from decoding.tree import TokenTree
 
 

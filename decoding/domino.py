@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from decoding.block_draft import BlockDraftMethod
 from decoding.engine import DecodeState, Proposal
-from decoding.sampling import to_host
+from decoding.transfer import to_host
 from decoding.tree import TokenTree
 from pipeline.errors import check_range
 

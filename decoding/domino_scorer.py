@@ -9,7 +9,7 @@ d + 1 are scored with the Domino correction given that state:
 Backbone hidden states z and base logits come from the one drafting pass and are shared.
 
 Two implementations, which must build identical trees:
-- `ReferenceScorer`: the straightforward per-node module calls (GRU module, embed_proj).
+- `ReferenceScorer`: the straightforward per-node computation (the GRU cell, embed_proj's modules).
 - `FastScorer`: per-round tables on the model's device (top-M ids, W2 rows, base values, the
   z-part of W1 and the GRU input projection of every candidate token), node states in one device
   buffer, and one device->host copy per expanded node (the heap needs the K scores). On CUDA the
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from decoding.domino_head import correction, gru_step
+from decoding.domino_head import correction
 
 
 class ReferenceScorer:
@@ -29,6 +29,7 @@ class ReferenceScorer:
     def __init__(self, drafter, head, embed, z: torch.Tensor, base: torch.Tensor, k: int, m: int):
         """`head`: the drafter's Float32Head (decoding/domino_head.py); all head math in fp32."""
         self.gru, self.proj, self.embed = head.gru, head.embed_proj, embed
+        self.w_hh_t = head.w_hh_t
         self.prefix = drafter.spec.pure_draft_prefix_len
         self.z, self.base, self.k = z.float(), base, k
         self.cand = [torch.topk(base[d], min(m, base.shape[-1])).indices for d in range(len(base))]
@@ -36,9 +37,11 @@ class ReferenceScorer:
 
     @torch.inference_mode()
     def __call__(self, node: int, parent: int, token: int, depth: int) -> tuple[list[int], list[float]]:
-        parent_state = self.states[parent][None] if parent >= 0 else None
-        emb = self.embed(torch.tensor([token], device=self.z.device)).float()
-        state = self.states[node] = gru_step(self.gru, emb, parent_state)[0]
+        parent_state = self.states[parent] if parent >= 0 else torch.zeros(self.gru.hidden_size, device=self.z.device)
+        emb = self.embed(torch.tensor([token], device=self.z.device)).float()[0]
+        # the GRU cell written out in fp32, not nn.GRU: cuDNN's RNNs default to TF32 on GPUs, which would
+        # make this builder and the fast one (plain fp32 matmuls) disagree there
+        state = self.states[node] = gru_cell(self.gru.weight_ih_l0 @ emb, parent_state, self.w_hh_t)
         if depth < self.prefix:
             values, ids = torch.topk(torch.log_softmax(self.base[depth].float(), -1), self.k)
             return ids.tolist(), values.tolist()

@@ -21,7 +21,7 @@ from typing import Callable, Optional
 
 import torch
 
-from decoding.sampling import to_host
+from decoding.transfer import to_host
 from decoding.tree import TokenTree
 
 # expand(node, parent, token, depth) -> (child tokens, child log-probs), best first; called once per

@@ -16,7 +16,8 @@ from typing import Optional
 
 import torch
 
-from decoding.sampling import Sampler, probabilities, to_host
+from decoding.sampling import Sampler, probabilities
+from decoding.transfer import to_host
 from decoding.routing import kept_layers, load_mask
 from decoding.target import TargetModel
 from pipeline.errors import ConfigError, check_choice, check_range

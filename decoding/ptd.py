@@ -38,7 +38,7 @@ from decoding.aux_rows import AuxRows
 from decoding.engine import DecodeState, Method, Proposal, StepResult
 from decoding.ngram_pool import bigram_redundancy, candidate_tree, record_redundancy
 from decoding.ptd_tree import DraftForest, TriePool, graft_branches
-from decoding.sampling import to_host
+from decoding.transfer import to_device, to_host
 from decoding.tree import TokenTree
 from pipeline.errors import check_choice, check_range
 
@@ -188,7 +188,7 @@ class PTD(Method):
         reads = [top.values, top.indices]
         kids = [n for n in forest.nodes if n.parent >= 0]
         if kids:
-            index = torch.tensor([[n_tree + n.parent for n in kids], [n.token for n in kids]], device=logp.device)
+            index = to_device([[n_tree + n.parent for n in kids], [n.token for n in kids]], logp.device)
             reads.append(logp[index[0], index[1]])
         values, ids, *edges = to_host(*reads)
         recycled = ids[:n_tree * w] if cfg.recycle else []

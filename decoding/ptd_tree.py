@@ -178,6 +178,8 @@ class TriePool:
         """Merges of one step: each root over the cap is evicted once, at the end, not after every
         merge. Every merge of a step carries the same stamp, so the branches kept are the same
         `cap` most recent ones (ties between equal stamps aside, broken by trie order)."""
+        if self.deferred is not None:
+            raise RuntimeError("TriePool.batch() does not nest")
         self.deferred = set()
         try:
             yield self

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
+from decoding.transfer import to_device
 from decoding.tree import TokenTree
 
 
@@ -104,7 +105,7 @@ class TargetModel:
         """
         moved = next((i for i, r in enumerate(rows) if r != i), len(rows))
         if moved < len(rows):
-            index = torch.tensor(rows[moved:], device=self.device) + prefix_len
+            index = to_device([r + prefix_len for r in rows[moved:]], self.device)
             start = prefix_len + moved
             for layer in self.cache.layers:
                 if layer.keys is None or layer.keys.numel() == 0:
@@ -161,10 +162,10 @@ class TargetModel:
         else:  # host rows: one packed host->device copy
             packed = np.asarray([tokens, depths], dtype=np.int64)
             packed[1] += prefix
-            tokens, positions = torch.from_numpy(packed).to(self.device)
+            tokens, positions = to_device(packed, self.device)
         mask = None
         if visible is not None:
-            visible = torch.as_tensor(visible).to(self.device)
+            visible = to_device(visible, self.device, torch.bool)
             mask = additive_mask(visible, prefix, self.dtype)
         layers = self.layers if active_layers is None else tuple(sorted(set(active_layers)))
         if not set(layers) <= set(self.layers):

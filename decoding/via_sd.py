@@ -30,7 +30,8 @@ import torch
 from decoding.drafter import Drafter, DrafterConfig, build_drafter
 from decoding.engine import DecodeState, Method, Proposal, commit, forward_proposal, verify
 from decoding.routing import kept_layers, load_mask, random_mask
-from decoding.sampling import probabilities, to_host
+from decoding.sampling import probabilities
+from decoding.transfer import to_device, to_host
 from decoding.target import TargetModel
 from decoding.tree import TokenTree
 from pipeline.errors import ConfigError, check_choice, check_range
@@ -100,7 +101,7 @@ class VIASD(Method):
         cfg, sampler = self.config, state.sampler.stream("via_sd").for_device(s.device)
         p = p.to(s.device)
         gamma = len(drafts)
-        x = torch.tensor(drafts, device=s.device)[:, None]
+        x = to_device(drafts, s.device)[:, None]
         s_drafts = s[:gamma]
         px, sx = p.gather(1, x)[:, 0], s_drafts.gather(1, x)[:, 0]
         s_top = s.argmax(-1)
@@ -150,6 +151,8 @@ class VIASD(Method):
 
     def finish(self, state: DecodeState) -> None:
         self.drafter.record(state.stats)
+        if self.middle_model is not None:  # middle=model: its own passes (units of that model)
+            state.stats.add_extra("middle_model_forwards", self.middle_model.lm.num_forwards)
 
     @staticmethod
     def _count_tiers(state, tiers: list[str], n_committed: int) -> None:

@@ -51,7 +51,8 @@ def summarize(cfg, method, examples, rows: list[dict], reference: list[dict] | N
                                            [r["quality"] for r in rows])
     summary["quality_metric"] = QUALITY_METRIC.get(cfg.task.name)
     if method.name == "ar":
-        summary.update(speedup=1.0, ar_tokens_per_s=summary["tokens_per_s"], match_rate=1.0)
+        summary.update(speedup=1.0, ar_tokens_per_s=summary["tokens_per_s"], match_rate=1.0, match_ties=0,
+                       match_divergences=0)
     elif reference:
         summary.update(compare_to_reference(rows, reference, check_match=method.lossless and cfg.temperature == 0))
         ref_examples = [by_id[r["id"]] for r in reference if r["id"] in by_id]

@@ -8,7 +8,8 @@ import torch
 from scipy.stats import chisquare
 
 from decoding.engine import DecodeState, generate
-from decoding.sampling import Sampler, to_host
+from decoding.sampling import Sampler
+from decoding.transfer import to_host
 
 
 def test_decode_state_samples_on_the_device_of_the_targets_logits():
