@@ -10,11 +10,12 @@ logit(AR's token) - logit(method's token). A margin within `tolerance(dtype, top
 numeric near-tie; a larger one is a real divergence (a bug, if the method claims losslessness).
 
 The tolerance is relative to the top logit's magnitude, in units of the dtype's machine epsilon:
-TIE_EPS x eps(dtype) x |top logit| (eps: 2**-7 bf16, 2**-10 fp16, 2**-23 fp32), i.e. 1/16 of |top|
-in bf16. Measured on SmolLM2-135M in bf16 (README, "bf16 and near-ties"): a 16-row verify moves
-single logits by up to ~4.5% of the top logit relative to AR's one-row step (median 1.3%), and
-the margins at the first divergence of lossless methods' bf16 runs stay below that; a wrong token
-(a bug) sits several logits away.
+TIE_EPS x eps(dtype) x |top logit| (eps: 2**-7 bf16, 2**-10 fp16, 2**-23 fp32), i.e. 1/32 of |top|
+in bf16. Measured on SmolLM2-135M in bf16 (README, "bf16 and near-ties"): a 16-row verify moves the
+top token's logit by up to 0.5 (2% of a top logit of ~24) relative to AR's one-row step, and the
+93 mismatches of the bf16 endogenous benchmark had margins in [-0.25, 0.25], 2-3x inside the
+tolerance (~0.6-0.9 there); a wrong token (a bug) sits several logits away. `ar_top` != `ar_token`
+(the recomputed logits prefer the method's token) is itself a sign of a rounding-level tie.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-TIE_EPS = 8
+TIE_EPS = 4
 
 
 def tolerance(dtype: torch.dtype, top_logit: float) -> float:
