@@ -74,6 +74,7 @@ def main() -> None:
     ap.add_argument("--slim", type=float, default=0.5)
     ap.add_argument("--ablation", action="store_true", help="also run via_sd with a random mask")
     ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--dtype", default=None, help="model.dtype (default: the model config's, auto = bf16 where native)")
     ap.add_argument("--compare-masks", nargs="*", default=[], help="extra via_sd rows with these routing masks")
     ap.add_argument("--only", default="", help="comma-separated rows to run (e.g. ar,sd,via_sd; ar, --ablation and "
                     "--compare-masks rows always run); default: all")
@@ -81,7 +82,8 @@ def main() -> None:
 
     register_configs()
     with initialize_config_module(config_module="conf", version_base="1.3"):
-        rc = OmegaConf.to_object(compose("config", overrides=[f"model={args.model}"]))
+        rc = OmegaConf.to_object(compose("config", overrides=[f"model={args.model}"] +
+                                          ([f"model.dtype={args.dtype}"] if args.dtype else [])))
     model, tokenizer = load_model(rc.model)
     target = TargetModel(model, tokenizer)
     runs = methods(args)
@@ -99,7 +101,8 @@ def main() -> None:
             task = OmegaConf.to_object(compose("config", overrides=[f"task={task_name}",
                                                                     f"task.limit={args.prompts}"])).task
         examples = load_examples(task)
-        settings = GenerationSettings(args.max_new_tokens, args.temperature, 0, stop_token_ids(model, tokenizer))
+        settings = GenerationSettings(args.max_new_tokens, args.temperature, 0, stop_token_ids(model, tokenizer),
+                                      chat_template_kwargs=dict(rc.model.chat_template_kwargs))
         rows = {name: [] for name, _ in runs}
         for ex in examples:  # methods interleaved per prompt, so machine load hits all of them alike
             for name, method in runs:
