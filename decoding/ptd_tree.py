@@ -271,24 +271,28 @@ def graft_branches(pool: TriePool, root: int, budget: int, max_depth: int) -> li
         return moved
 
     chosen: list[list[int]] = []
-    # (cost, order, parent path, the parent's alive suffixes, token): a child's own suffix nodes and
-    # path are made only when it is popped (most pushed children never are)
-    heap: list[tuple[int, int, list[int], list, int]] = []
-    counter = 0
+    # Lazy k-best: only a path's cheapest unexplored child is in the heap, and popping a child pushes
+    # its next sibling. Entries: (cost, the parent's pop order, rank, parent cost, parent path, the
+    # parent's alive suffixes, the parent's children sorted by cost); the first three are the order in
+    # which pushing every child at once would pop them, so the result is the same with fewer pushes.
+    heap: list[tuple] = []
+
+    def push_first(kids, parent_cost: int, order: int, parent: list[int], alive) -> None:
+        if kids:
+            heapq.heappush(heap, (parent_cost + kids[0][1], order, 0, parent_cost, parent, alive, kids))
+
     start_alive = [(0, pool.roots[root])] if root in pool.roots else []
-    for tok, cost in children(start_alive):
-        heap.append((cost, counter, [], start_alive, tok))
-        counter += 1
-    heapq.heapify(heap)
+    push_first(children(start_alive), 0, -1, [], start_alive)
     while heap and len(chosen) < budget:
-        cost, _, parent, parent_alive, tok = heapq.heappop(heap)
-        path = [*parent, tok]
+        cost, order, rank, parent_cost, parent, parent_alive, kids = heapq.heappop(heap)
+        if rank + 1 < len(kids):
+            heapq.heappush(heap, (parent_cost + kids[rank + 1][1], order, rank + 1, parent_cost, parent, parent_alive,
+                                  kids))
+        path = [*parent, kids[rank][0]]
         chosen.append(path)
         if len(path) < max_depth:
-            alive = advance(parent_alive, tok, len(path))
-            for child, c in children(alive):
-                heapq.heappush(heap, (cost + c, counter, path, alive, child))
-                counter += 1
+            alive = advance(parent_alive, path[-1], len(path))
+            push_first(children(alive), cost, len(chosen) - 1, path, alive)
     # a parent is always chosen before its children, so the leaves are the paths nobody extends
     parents = {tuple(p[:-1]) for p in chosen}
     return [p for p in chosen if tuple(p) not in parents]

@@ -182,3 +182,55 @@ def test_recycle_merges_the_verification_rows_top_tokens(tiny_llama):
     m.step(state)
     committed = state.new_tokens[0]  # the root's row predicted it (greedy): it is among the root's top 2
     assert committed in m.pool.as_nested(root)
+
+
+def eager_graft(pool, root, budget, max_depth):
+    """graft_branches with every child pushed at once (the definition the lazy builder must equal)."""
+    import heapq
+
+    def children(path):
+        context = [root, *path]
+        out = {}
+        for start in range(len(context)):
+            node = pool.roots.get(context[start])
+            for tok in context[start + 1:]:
+                node = node["kids"].get(tok) if node is not None else None
+            if node is None or not node["kids"]:
+                continue
+            for rank, (tok, _) in enumerate(sorted(node["kids"].items(), key=lambda kv: -kv[1]["stamp"])):
+                out.setdefault(tok, rank + start)
+        return sorted(out.items(), key=lambda kv: kv[1])
+
+    chosen, heap, counter = [], [], 0
+    for tok, cost in children([]):
+        heap.append((cost, counter, [tok]))
+        counter += 1
+    heapq.heapify(heap)
+    while heap and len(chosen) < budget:
+        cost, _, path = heapq.heappop(heap)
+        chosen.append(path)
+        if len(path) < max_depth:
+            for tok, c in children(path):
+                heapq.heappush(heap, (cost + c, counter, [*path, tok]))
+                counter += 1
+    parents = {tuple(p[:-1]) for p in chosen}
+    return [p for p in chosen if tuple(p) not in parents]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_lazy_grafting_equals_pushing_every_child_at_once(seed):
+    import random
+
+    rng = random.Random(seed)
+    pool = TriePool(cap=6)
+
+    def random_subtree(depth):
+        if depth == 0:
+            return {}
+        return {rng.randrange(8): random_subtree(depth - 1) for _ in range(rng.randint(1, 3))}
+
+    for step in range(60):
+        pool.merge(rng.randrange(8), random_subtree(rng.randint(1, 4)), step)
+    for root in range(8):
+        for budget, depth in ((4, 3), (16, 6), (32, 8)):
+            assert graft_branches(pool, root, budget, depth) == eager_graft(pool, root, budget, depth)
