@@ -60,7 +60,7 @@ class Domino(BlockDraftMethod):
     @staticmethod
     def _full_probs(pool_probs, base) -> list:
         """Draft distributions over the whole vocabulary (zero outside the pool), for acceptance."""
-        if pool_probs[0][0] is None and all(q is None for q, _ in pool_probs):
+        if all(q is None for q, _ in pool_probs):
             return [None] * len(pool_probs)
         out = []
         for q, local in pool_probs:
@@ -92,7 +92,7 @@ def corrected_chain(head, embeds, z, base, root: int, prefix: int, pool, tempera
                     h, s_proj = head.state_step(head.w_ih @ F.embedding(tok, embeds).float(), h)
             else:
                 h, s_proj = head.state_step(head.w_ih @ F.embedding(tokens[-1], embeds).float(), h)
-            logits = torch.addmv(base_pool[k], w2, torch.nn.functional.silu(z_proj[k] + s_proj))
+            logits = torch.addmv(base_pool[k], w2, F.silu(z_proj[k] + s_proj))
             local = pool
         q = torch.softmax(logits / temperature, dim=-1) if temperature > 0 else None
         pick = sampler.categorical(q) if q is not None else logits.argmax()

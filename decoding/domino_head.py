@@ -36,10 +36,16 @@ def build_domino_modules(spec) -> tuple[nn.GRU, nn.Sequential]:
     return gru, proj
 
 
-def gru_step(gru: nn.GRU, embeds: torch.Tensor, state: torch.Tensor | None) -> torch.Tensor:
-    """Advance GRU states by one token each: embeds [n, H], state [n, G] (None = zeros) -> [n, G]."""
-    h0 = None if state is None else state[None].contiguous()
-    return gru(embeds[:, None], h0)[1][0]
+def gru_cell(gi: torch.Tensor, h: torch.Tensor, w_hh_t: torch.Tensor) -> torch.Tensor:
+    """torch.nn.GRU's cell without biases, written out: from the input projection gi = W_ih x [3G],
+    the state h [G] and W_hh^T [G, 3G]; the reset and update gates share one sigmoid. Used by the
+    chain and both tree builders, on every device (nn.GRU on CUDA goes through cuDNN, whose RNNs
+    default to TF32)."""
+    g = h.shape[-1]
+    gh = h @ w_hh_t
+    ru = torch.sigmoid(gi[:2 * g] + gh[:2 * g])
+    n = torch.tanh(gi[2 * g:] + ru[:g] * gh[2 * g:])
+    return n + ru[g:] * (h - n)
 
 
 def gru_path_state(gru: nn.GRU, embeds: torch.Tensor) -> torch.Tensor:
@@ -73,18 +79,12 @@ class Float32Head:
         w1 = self.embed_proj[0].weight
         self.w_ih = self.gru.weight_ih_l0  # [3G, H]
         self.w_z = w1[:, :self.hidden_size]  # [E, H]: the z part of W1
-        # the state's two uses in one matmul, as in Domino's rollout: h @ [W1_s^T | W_hh^T] -> (s_proj, gh)
-        self.w_state = torch.cat([w1[:, self.hidden_size:].t(), self.gru.weight_hh_l0.t()], dim=1).contiguous()
+        self.w_s = w1[:, self.hidden_size:]  # [E, G]: the GRU-state part of W1
         self.w_hh_t = self.gru.weight_hh_l0.t().contiguous()  # [G, 3G]
         self.w2 = self.embed_proj[2].weight  # [V, E]
-        self.emb_dim = w1.shape[0]
 
     def state_step(self, gi: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """One bias-free GRU step from its input projection gi [3G] and state h [G] -> (new h, the
-        new state's W1_s projection [E] for the next correction)."""
-        g = h.shape[-1]
-        gh = h @ self.w_state[:, self.emb_dim:]
-        ru = torch.sigmoid(gi[:2 * g] + gh[:2 * g])
-        n = torch.tanh(gi[2 * g:] + ru[:g] * gh[2 * g:])
-        h = n + ru[g:] * (h - n)
-        return h, h @ self.w_state[:, :self.emb_dim]
+        """One GRU step from its input projection gi [3G] and state h [G] -> (new h, the new state's
+        W1_s projection [E] for the next correction)."""
+        h = gru_cell(gi, h, self.w_hh_t)
+        return h, self.w_s @ h

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from decoding.domino_head import correction
+from decoding.domino_head import correction, gru_cell
 
 
 class ReferenceScorer:
@@ -49,16 +49,6 @@ class ReferenceScorer:
         corrected = self.base[depth][cand] + correction(self.proj, self.z[depth][None], state[None], cand)[0]
         values, local = torch.topk(torch.log_softmax(corrected, -1), min(self.k, len(cand)))
         return cand[local].tolist(), values.tolist()
-
-
-def gru_cell(gi: torch.Tensor, h: torch.Tensor, w_hh_t: torch.Tensor) -> torch.Tensor:
-    """torch.nn.GRU's cell without biases, from the precomputed input projection gi = W_ih x and
-    W_hh^T [G, 3G] (transposed once per round); the reset and update gates share one sigmoid."""
-    g = h.shape[-1]
-    gh = h @ w_hh_t
-    ru = torch.sigmoid(gi[:2 * g] + gh[:2 * g])
-    n = torch.tanh(gi[2 * g:] + ru[:g] * gh[2 * g:])
-    return n + ru[g:] * (h - n)
 
 
 def expand_step(gi, h, depth_index, z_proj, base_c, w2_c, w1_state, w_hh_t, k: int):
@@ -112,20 +102,19 @@ class FastScorer:
                  graph_holder: dict | None = None):
         """`head`: the drafter's Float32Head; every table is fp32, like the reference builder's math.
         `graph_holder`: a dict kept by the caller across rounds; on CUDA it holds the StepGraph."""
-        gru, proj = head.gru, head.embed_proj
+        gru = head.gru
         self.prefix, self.k = drafter.spec.pure_draft_prefix_len, k
         z = z.float()
         dev, dt = z.device, torch.float32
-        depths, hidden = base.shape[0], z.shape[-1]
+        depths = base.shape[0]
         m = min(m, base.shape[-1])
         # per-round tables
         self.cand = torch.topk(base, m, dim=-1).indices  # [D, M]
         self.depth_ids = torch.arange(depths, device=dev)
         self.base_c = torch.gather(base, 1, self.cand)  # [D, M] float32
-        w1 = proj[0].weight
-        self.z_proj = z @ w1[:, :hidden].t()  # [D, E]
-        self.w1_state = w1[:, hidden:]  # [E, G]
-        self.w2_c = proj[2].weight[self.cand]  # [D, M, E] fp32
+        self.z_proj = z @ head.w_z.t()  # [D, E]
+        self.w1_state = head.w_s  # [E, G]
+        self.w2_c = head.w2[self.cand]  # [D, M, E] fp32
         self.w_hh_t, self.w_ih = head.w_hh_t, gru.weight_ih_l0  # W_hh^T [G, 3G], W_ih [3G, H]
         self.gi_cand = embed(self.cand).float() @ self.w_ih.t()  # [D, M, 3G]: GRU input projection per candidate
         p = min(self.prefix, depths)

@@ -150,9 +150,7 @@ class VIASD(Method):
         return self._finish(state, settled, tiers, plan["bonus"][0], t0, t1)
 
     def finish(self, state: DecodeState) -> None:
-        self.drafter.record(state.stats)
-        if self.middle_model is not None:  # middle=model: its own passes (units of that model)
-            state.stats.add_extra("middle_model_forwards", self.middle_model.lm.num_forwards)
+        self.drafter.record(state.stats)  # a middle model's passes are `middle_forwards`, one per block
 
     @staticmethod
     def _count_tiers(state, tiers: list[str], n_committed: int) -> None:
