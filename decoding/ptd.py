@@ -148,20 +148,16 @@ class PTD(Method):
         if cfg.context_subtrees:
             self.merge_context(state.sequence, len(result.committed))
         tree, forest = result.proposal.tree, self.forest
-        recycled, edge_logp, leaf_values, leaf_ids, leaves = self.read_forward(result)
+        recycled, edge_logp, proposals = self.read_forward(result)
         drafted: list[tuple[int, int]] = []  # (parent token, drafted token) of every row this forward grew
         if cfg.recycle:  # the verification rows' own top-`width` next tokens
-            for k, tok in enumerate(tree.tokens):
-                nxt = recycled[k * cfg.width:(k + 1) * cfg.width]
+            for tok, nxt in zip(tree.tokens, recycled):
                 self.pool.merge(tok, dict.fromkeys(nxt, {}), self.steps)
                 drafted += [(tok, t) for t in nxt]
         if len(forest):
             children = (n for n in forest.nodes if n.parent >= 0)
             for n, logp in zip(children, edge_logp):  # refresh each edge's probability under the new root
                 n.logp = logp
-            w = cfg.width
-            proposals = {leaf: list(zip(leaf_ids[k * w:(k + 1) * w], leaf_values[k * w:(k + 1) * w]))
-                         for k, leaf in enumerate(leaves)}
             added = forest.expand(proposals, cfg.width, cfg.drafting_budget, self.steps)
             for i, n in enumerate(forest.nodes):  # extract: continuations of every node's token
                 if n.children:
@@ -175,14 +171,14 @@ class PTD(Method):
 
     def read_forward(self, result: StepResult):
         """What this step needs from the forward, with one host->device index copy and one
-        device->host copy: every row's top-`width` (value, token) under one log-softmax (the tree
+        device->host copy: every row's top-`width` (token, value) under one log-softmax (the tree
         rows' tokens are recycled, the forest leaves' expand the forest) and the forest edges'
-        log-probabilities under the new root."""
+        log-probabilities under the new root. Returns (recycled tokens per tree row, edge
+        log-probabilities in forest order, {leaf: [(token, logp)] best first})."""
         cfg, forest = self.config, self.forest
         n_tree, w = len(result.proposal.tree), cfg.width
-        leaves = forest.leaves()
         if not cfg.recycle and not len(forest):
-            return [], [], [], [], leaves
+            return [], [], {}
         logp = torch.log_softmax(result.output.logits[:n_tree + len(forest)].float(), dim=-1)
         top = torch.topk(logp, w, dim=-1)
         reads = [top.values, top.indices]
@@ -191,10 +187,10 @@ class PTD(Method):
             index = to_device([[n_tree + n.parent for n in kids], [n.token for n in kids]], logp.device)
             reads.append(logp[index[0], index[1]])
         values, ids, *edges = to_host(*reads)
-        recycled = ids[:n_tree * w] if cfg.recycle else []
-        leaf_values = [v for leaf in leaves for v in values[(n_tree + leaf) * w:(n_tree + leaf + 1) * w]]
-        leaf_ids = [t for leaf in leaves for t in ids[(n_tree + leaf) * w:(n_tree + leaf + 1) * w]]
-        return recycled, edges[0] if edges else [], leaf_values, leaf_ids, leaves
+        rows = [list(zip(ids[r * w:(r + 1) * w], values[r * w:(r + 1) * w])) for r in range(n_tree + len(forest))]
+        recycled = [[t for t, _ in row] for row in rows[:n_tree]] if cfg.recycle else []
+        proposals = {leaf: rows[n_tree + leaf] for leaf in forest.leaves()}
+        return recycled, edges[0] if edges else [], proposals
 
 
 CONFIG = PTDConfig

@@ -63,14 +63,14 @@ class VerifyCostModel:
         return self.node_counts[-1]
 
     def verify_s(self, n: int, context: int) -> float:
-        """Cv(n, ctx) for 0 <= n <= max_nodes (interpolated; clamped to the profiled contexts)."""
+        """Cv(n, ctx) for 0 <= n <= max_nodes."""
         if n > self.max_nodes:
             raise ValueError(f"Cv({n}, ·) is outside the profiled node counts (up to {self.max_nodes})")
-        values = [float(np.interp(n, self.node_counts, curve)) for curve in self.fitted]
-        return float(np.interp(context, self.context_lengths, values))  # np.interp clamps outside the grid
+        return float(self.verify_curve(context)[n])
 
     def verify_curve(self, context: int) -> np.ndarray:
-        """Cv(n, ctx) for n = 0 .. max_nodes at one context, in one vectorised interpolation."""
+        """Cv(n, ctx) for n = 0 .. max_nodes at one context: interpolated in n, and in context between
+        the profiled lengths (clamped outside them)."""
         n = np.arange(self.max_nodes + 1)
         per_context = np.stack([np.interp(n, self.node_counts, curve) for curve in self.fitted])  # [C, N]
         return _interp_rows(context, self.context_lengths, per_context)
