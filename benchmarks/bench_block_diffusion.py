@@ -29,6 +29,7 @@ from decoding.target import TargetModel
 from pipeline.generation import GenerationSettings, diagnose_mismatches, generate_example
 from pipeline.models import load_model, stop_token_ids
 from pipeline.schema import register_configs
+from pipeline.summary import tie_counts
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_engine import compose_run  # noqa: E402
@@ -100,13 +101,13 @@ def main() -> None:
                 s = merged(method_rows)
                 diagnosis = diagnose_mismatches(target, task_cfg, examples, method_rows, results["ar"], settings) \
                     if temperature == 0 and name != "ar" else []
+                counts = tie_counts(diagnosis)
                 row = {"task": task, "T": temperature, "method": name, "tau": s.tau, "DE": s.decoding_efficiency,
                        "tokens_per_s": s.tokens_per_s,
                        "speedup": s.tokens_per_s / ar_stats.tokens_per_s if ar_stats.tokens_per_s else 0.0,
                        "match_rate": (sum(r["output_ids"] == a["output_ids"] for r, a in zip(method_rows, results["ar"]))
                                       / len(examples)) if temperature == 0 and name != "ar" else None,
-                       "ties": sum(d["kind"] == "tie" for d in diagnosis),
-                       "diverged": sum(d["kind"] == "divergence" for d in diagnosis),
+                       "ties": counts["match_ties"], "diverged": counts["match_divergences"],
                        "new_tokens": s.new_tokens, "extra": s.extra, "steps": s.num_steps}
                 rows.append(row)
                 extra = ""

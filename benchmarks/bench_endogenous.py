@@ -33,7 +33,7 @@ from pipeline.schema import register_configs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_engine import compose_run  # noqa: E402
-from pipeline.summary import totals
+from pipeline.summary import tie_counts, totals
 from pipeline.tasks import aggregate_quality, load_examples
 
 
@@ -53,9 +53,9 @@ def summarize(task_cfg, examples, rows_by_method: dict[str, dict[str, dict]], ta
                                     [rows[i]["quality"] for i in ids])
         diagnosis = [] if name == "ar" or target is None else diagnose_mismatches(
             target, task_cfg, done, [rows[i] for i in ids], [ar[i] for i in ids], settings)
+        counts = tie_counts(diagnosis)
         out.append({
-            "ties": sum(d["kind"] == "tie" for d in diagnosis), "diverged": sum(d["kind"] == "divergence" for d in diagnosis),
-            "divergent_ids": [d["id"] for d in diagnosis if d["kind"] == "divergence"],
+            "ties": counts["match_ties"], "diverged": counts["match_divergences"], "divergent_ids": counts["divergent_ids"],
             "task": task_cfg.name, "method": name, "prompts": len(ids), "tau": mine["tau"],
             "decoding_efficiency": mine["decoding_efficiency"],
             "rows_per_forward": extra.get("forward_rows", mine["num_steps"]) / max(1, mine["num_steps"]),

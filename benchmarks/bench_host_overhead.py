@@ -1,6 +1,6 @@
 """Host overhead per decoding step, per method: the time a step spends outside the networks'
 forwards (wall minus forwards: the engine's and the method's Python and small tensor work), on a
-tiny random Qwen3-shaped model whose forward takes about a millisecond or two, so that the host work
+tiny random Qwen3-shaped model whose forward takes a few milliseconds, so that the host work
 is what shows. Every method at its default settings (pipeline/zoo.py), at T=0 and T=1, prompts
 that mix repeated text (drafts get accepted) and random tokens (drafts get rejected).
 
@@ -20,18 +20,7 @@ import tempfile
 
 import torch
 
-from pipeline.zoo import METHODS, build_method, host_overhead, random_target
-
-
-def prompts(n: int) -> list[list[int]]:
-    gen = torch.Generator().manual_seed(0)
-    out = []
-    for i in range(n):
-        if i % 2 == 0:
-            out.append([7, 30, 31, 32, 33, 34] * 4)
-        else:
-            out.append(torch.randint(3, 500, (24,), generator=gen).tolist())
-    return out
+from pipeline.zoo import METHODS, build_method, host_overhead, mixed_prompts, random_target
 
 
 def main() -> None:
@@ -55,7 +44,7 @@ def main() -> None:
     for name in [m for m in args.methods.split(",") if m]:
         method = build_method(name, target, folder)
         for temperature in (float(t) for t in args.temperatures.split(",")):
-            r = host_overhead(method, target, prompts(args.prompts), args.max_new_tokens, temperature)
+            r = host_overhead(method, target, mixed_prompts(args.prompts, 500), args.max_new_tokens, temperature)
             rows.append((name, temperature, r))
             print(f"{name:22s} {temperature:3g} {r['steps']:6d} {r['tokens_per_step']:8.2f} {r['wall_ms']:8.3f} "
                   f"{r['forward_ms']:8.3f} {r['host_ms']:8.3f}", flush=True)

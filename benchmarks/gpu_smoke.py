@@ -30,21 +30,12 @@ from pathlib import Path
 
 import torch
 
-from decoding.ar import AR
 from decoding.domino_scorer import FastScorer, ReferenceScorer
 from decoding.draft_tree import build_best_first
 from decoding.ties import diagnose
 from pipeline.errors import one_line
-from pipeline.zoo import METHODS, build_method, host_overhead, random_target
-
-
-def prompts(count: int, vocab: int) -> list[list[int]]:
-    """Half repeated text (drafts get accepted), half random tokens (drafts get rejected)."""
-    gen = torch.Generator().manual_seed(0)
-    out = []
-    for i in range(count):
-        out.append([7, 30, 31, 32, 33, 34] * 4 if i % 2 == 0 else torch.randint(3, vocab - 1, (24,), generator=gen).tolist())
-    return out
+from pipeline.summary import tie_counts
+from pipeline.zoo import METHODS, build_method, host_overhead, mixed_prompts, random_target
 
 
 def sync(device) -> None:
@@ -73,10 +64,11 @@ def run_methods(target, folder, shape, names, prompt_ids, max_new_tokens) -> lis
             if temperature == 0 and name == "ar":
                 ar_outputs = outputs
             elif temperature == 0 and method.lossless and ar_outputs is not None:
-                kinds = [d.kind for d in (diagnose(target, p, a, o) for p, a, o in zip(prompt_ids, ar_outputs, outputs))
+                found = [d.to_dict() for d in (diagnose(target, p, a, o) for p, a, o in zip(prompt_ids, ar_outputs, outputs))
                          if d is not None]
-                row.update(match=sum(a == o for a, o in zip(ar_outputs, outputs)), ties=kinds.count("tie"),
-                           diverged=kinds.count("divergence"))
+                counts = tie_counts(found)
+                row.update(match=sum(a == o for a, o in zip(ar_outputs, outputs)), ties=counts["match_ties"],
+                           diverged=counts["match_divergences"])
             rows.append(row)
     return rows
 
@@ -178,7 +170,7 @@ def main() -> int:
     os.environ.setdefault("SPECDEC_CACHE", str(folder / "cache"))  # the CaDDTree cost profile of this random model
     t0 = time.perf_counter()
     target = random_target(shape, dtype=getattr(torch, args.dtype), device=args.device)
-    prompt_ids = prompts(n_prompts, target.config.vocab_size)
+    prompt_ids = mixed_prompts(n_prompts, target.config.vocab_size - 1)
     names = [m for m in args.methods.split(",") if m]
     if names[0] != "ar":
         names.insert(0, "ar")  # the reference of the tie diagnosis

@@ -77,10 +77,14 @@ def compare_to_reference(rows: list[dict], reference: list[dict], check_match: b
     return out
 
 
+def tie_counts(diagnosis: list[dict]) -> dict:
+    """Of the mismatching prompts (pipeline.generation.diagnose_mismatches): how many first diverge
+    at a numeric near-tie, how many really diverge, and the ids of the latter."""
+    return {"match_ties": sum(d["kind"] == "tie" for d in diagnosis),
+            "match_divergences": sum(d["kind"] == "divergence" for d in diagnosis),
+            "divergent_ids": [d.get("id") for d in diagnosis if d["kind"] == "divergence"]}
+
+
 def add_tie_diagnosis(summary: dict, diagnosis: list[dict]) -> None:
-    """Counts of mismatching prompts whose first divergence is a numeric near-tie vs a real one
-    (pipeline.generation.diagnose_mismatches)."""
     summary["mismatch_diagnosis"] = diagnosis
-    summary["match_ties"] = sum(d["kind"] == "tie" for d in diagnosis)
-    summary["match_divergences"] = sum(d["kind"] == "divergence" for d in diagnosis)
-    summary["divergent_ids"] = [d["id"] for d in diagnosis if d["kind"] == "divergence"]
+    summary.update(tie_counts(diagnosis))

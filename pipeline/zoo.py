@@ -2,7 +2,7 @@
 `benchmarks/gpu_smoke.py`, `benchmarks/bench_host_overhead.py` and the engine-wide tests.
 
 - `random_target(shape, dtype, device)`: a Qwen3-architecture target with random weights
-  (`tiny`: 6 layers, hidden 64, vocab 512, a forward of about a millisecond on a CPU core;
+  (`tiny`: 6 layers, hidden 64, vocab 512, a forward of a few milliseconds on a CPU core;
   `qwen3-1.7b`: Qwen3-1.7B's shape, vocab 151936, for a GPU);
 - `save_random_drafters(target, folder)`: a DFlash and a Domino drafter with random weights,
   written in the published layout (the z-lab / Huang2020 config fields: `block_size`,
@@ -35,6 +35,14 @@ SHAPES = {
 METHODS = ("ar", "pld", "lookahead", "self_draft", "ptd", "ptd_forest", "sd", "sd_slim", "spec_cascade", "via_sd",
            "dflash", "ddtree", "caddtree", "domino", "dominotree", "dominotree_reference")
 LOSSLESS = tuple(m for m in METHODS if m not in ("spec_cascade", "via_sd"))
+
+
+def mixed_prompts(count: int, high: int) -> list[list[int]]:
+    """Even-numbered prompts repeat a phrase (drafts get accepted), odd ones are random tokens in
+    [3, high) (drafts get rejected); seeded, so every run sees the same prompts."""
+    gen = torch.Generator().manual_seed(0)
+    return [[7, 30, 31, 32, 33, 34] * 4 if i % 2 == 0 else torch.randint(3, high, (24,), generator=gen).tolist()
+            for i in range(count)]
 
 
 def random_target(shape: str = "tiny", dtype=torch.float32, device="cpu", seed: int = 0,
@@ -102,9 +110,13 @@ def build_method(name: str, target: TargetModel, folder: Path, shape: str = "tin
     configs = method_configs()
     base = {"ptd_forest": "ptd", "sd_slim": "sd", "dominotree_reference": "dominotree"}.get(name, name)
     fields = dict(overrides)
-    if name == "ptd_forest":
-        fields.update(name="ptd_forest", width=2, num_seeds=4, verification_budget=16, drafting_budget=24,
-                      context_subtrees=False, recycle=False, graft=False)  # conf/method/ptd_forest.yaml
+    if name == "ptd_forest":  # the ablation's option, as conf/method/ptd_forest.yaml has it
+        from omegaconf import OmegaConf
+
+        import conf
+
+        option = OmegaConf.to_container(OmegaConf.load(Path(conf.__file__).parent / "method" / "ptd_forest.yaml"))
+        fields.update({k: v for k, v in option.items() if k != "defaults"})
     if name == "dominotree_reference":
         fields.update(builder="reference")
     if base in ("dflash", "ddtree", "caddtree"):

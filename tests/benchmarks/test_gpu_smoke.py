@@ -15,7 +15,7 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.slow
 def test_gpu_smoke_runs_every_method_on_the_cpu_tiny_shape(tmp_path):
-    from pipeline.zoo import METHODS
+    from pipeline.zoo import LOSSLESS, METHODS
 
     out = tmp_path / "smoke.json"
     proc = subprocess.run([sys.executable, "benchmarks/gpu_smoke.py", "--device", "cpu", "--tiny", "--out", str(out)],
@@ -28,7 +28,7 @@ def test_gpu_smoke_runs_every_method_on_the_cpu_tiny_shape(tmp_path):
     ran = {(r["method"], r["T"]) for r in report["methods"] if "error" not in r}
     assert ran == {(m, t) for m in METHODS for t in (0.0, 1.0)}
     lossless_t0 = [r for r in report["methods"] if r["T"] == 0.0 and "ties" in r]
-    assert len(lossless_t0) == len([m for m in METHODS if m not in ("ar", "spec_cascade", "via_sd")])
+    assert len(lossless_t0) == len([m for m in LOSSLESS if m != "ar"])
     assert all(r["diverged"] == 0 for r in lossless_t0)
     assert report["builders"]["equal_trees"] and report["builders"]["rounds"] > 0
     assert [r["rows"] for r in report["cost_curve"]][-1] == 1024

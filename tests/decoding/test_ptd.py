@@ -73,6 +73,14 @@ def test_pool_keeps_at_most_cap_branches_per_root_dropping_the_stalest():
     assert pool.as_nested(7) == {2: {3: {}}, 4: {}}
 
 
+def random_subtree(rng, depth: int, tokens: int, max_width: int) -> dict:
+    """A random {token: {...}} trie `depth` levels deep, 1..max_width children per node."""
+    if depth == 0:
+        return {}
+    return {rng.randrange(tokens): random_subtree(rng, depth - 1, tokens, max_width)
+            for _ in range(rng.randint(1, max_width))}
+
+
 def test_pool_branch_counts_stay_exact_under_random_merges():
     """The incremental branch count (what decides whether to walk the trie for eviction) equals a
     full walk after any sequence of merges, and the cap holds."""
@@ -80,15 +88,9 @@ def test_pool_branch_counts_stay_exact_under_random_merges():
 
     rng = random.Random(0)
     pool = TriePool(cap=5)
-
-    def random_subtree(depth):
-        if depth == 0:
-            return {}
-        return {rng.randrange(6): random_subtree(depth - 1) for _ in range(rng.randint(1, 2))}
-
     for step in range(300):
         root = rng.randrange(3)
-        pool.merge(root, random_subtree(rng.randint(1, 4)), step)
+        pool.merge(root, random_subtree(rng, rng.randint(1, 4), tokens=6, max_width=2), step)
         assert pool.leaves[root] == len(pool.branches(root)) <= 5
 
 
@@ -223,14 +225,8 @@ def test_lazy_grafting_equals_pushing_every_child_at_once(seed):
 
     rng = random.Random(seed)
     pool = TriePool(cap=6)
-
-    def random_subtree(depth):
-        if depth == 0:
-            return {}
-        return {rng.randrange(8): random_subtree(depth - 1) for _ in range(rng.randint(1, 3))}
-
     for step in range(60):
-        pool.merge(rng.randrange(8), random_subtree(rng.randint(1, 4)), step)
+        pool.merge(rng.randrange(8), random_subtree(rng, rng.randint(1, 4), tokens=8, max_width=3), step)
     for root in range(8):
         for budget, depth in ((4, 3), (16, 6), (32, 8)):
             assert graft_branches(pool, root, budget, depth) == eager_graft(pool, root, budget, depth)
