@@ -56,9 +56,9 @@ class Sampler:
             raise ValueError(f"sampling a tensor on {tensor.device} with a sampler for {self.device}; "
                              f"use sampler.for_device({str(tensor.device)!r})")
 
-    def uniform(self, shape: int | tuple[int, ...]) -> torch.Tensor:
-        """U[0, 1) float32 on the sampler's device."""
-        return torch.rand(shape, generator=self.generator, device=self.device)
+    def uniform(self, shape: int | tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """U[0, 1) on the sampler's device."""
+        return torch.rand(shape, generator=self.generator, device=self.device, dtype=dtype)
 
     def categorical(self, probs: torch.Tensor) -> torch.Tensor:
         """One index per row of `probs` ([V] -> scalar, [n, V] -> [n]); rows need not be normalised
@@ -68,7 +68,7 @@ class Sampler:
         # float64: a float32 running sum stops growing for entries below ~3e-8 once it passes 0.5 (they
         # could never be drawn) and rounds every other entry to steps of ~6e-8
         cdf = rows.cumsum(-1, dtype=torch.float64)
-        u = torch.rand((rows.shape[0], 1), generator=self.generator, device=self.device, dtype=torch.float64)
+        u = self.uniform((rows.shape[0], 1), torch.float64)
         picked = torch.searchsorted(cdf, u.mul_(cdf[:, -1:]), right=True).clamp_max_(rows.shape[-1] - 1)
         return picked.view(probs.shape[:-1])
 

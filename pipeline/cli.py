@@ -8,7 +8,7 @@ import sys
 from contextlib import contextmanager
 
 from decoding.engine import ContextLimitError
-from pipeline.errors import ConfigError, one_line  # noqa: F401 (one_line: re-exported)
+from pipeline.errors import ConfigError, one_line
 from pipeline.models import ModelLoadError
 from pipeline.tasks import TaskDataError
 
