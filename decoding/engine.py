@@ -224,7 +224,8 @@ def generate(
     limit = target.context_limit
     if limit is not None and len(prompt_ids) + max_new_tokens > limit:
         raise ContextLimitError(f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds this "
-                                f"model's {limit}-token sliding window; lower max_new_tokens or use shorter prompts")
+                                f"model's {limit}-token context (max_position_embeddings); lower max_new_tokens or use "
+                                f"shorter prompts")
     state = DecodeState(target, prompt_ids, temperature, max_new_tokens, set(stop_ids), seed)
     t0 = time.perf_counter()
     out = target.prefill(prompt_ids[:-1], method.prefill_hidden_layers())

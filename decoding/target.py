@@ -11,6 +11,12 @@ exit may put a trained `exit_head` before the final norm, decoding/exit_head.py)
 forward can also run a subset of the wrapper's layers (`active_layers=`, the slim verifier of
 VIA-SD): such a pass only reads the cache, its block KV is dropped afterwards, because the KV of a
 layer fed by a slimmed residual stream is not the full model's KV (a later full pass recomputes it).
+
+Hybrid attention (Gemma 2/3, Qwen2 with its window on): the model's layer types and its sliding
+layers' caches are handled in one place, decoding/attention_layout.py (masks per layer type, the
+window applied to the block rows' positions, sliding caches compacted and cut like the others);
+the layer-subset path gives each layer its type's mask and rotary embedding and applies the
+model's final-logit soft-capping, as the model's own forward does.
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
+from decoding import attention_layout
+from decoding.attention_layout import AttentionLayout
 from decoding.transfer import to_device
 from decoding.tree import TokenTree
 
@@ -30,18 +38,6 @@ from decoding.tree import TokenTree
 class ForwardOutput:
     logits: torch.Tensor  # [n, V], float32
     hidden: dict[int, torch.Tensor] = field(default_factory=dict)  # layer id -> [n, H] (output of that decoder layer)
-
-
-def additive_mask(visible: torch.Tensor, prefix_len: int, dtype: torch.dtype) -> torch.Tensor:
-    """[1, 1, n, prefix_len + n] float mask: 0 where a row may attend, finfo.min elsewhere.
-
-    Always float: a boolean 4D mask is silently wrong under eager attention in transformers 5.
-    Every row sees the whole cached prefix; inside the block, `visible[i, j]` decides.
-    """
-    n = visible.shape[0]
-    mask = torch.zeros(1, 1, n, prefix_len + n, dtype=dtype, device=visible.device)
-    mask[0, 0, :, prefix_len:].masked_fill_(visible.logical_not(), torch.finfo(dtype).min)
-    return mask
 
 
 class TargetModel:
@@ -64,10 +60,10 @@ class TargetModel:
         # transformers >= 5.2x renamed past_key_values -> cache and dropped cache_position.
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._pass_cache_position = "cache_position" in params
-        # Sliding-window layers keep only the last `sliding_window` keys, which breaks tree masks and
-        # row compaction; models that have them are limited to that many tokens of context.
-        sliding = "sliding_attention" in (getattr(self.config, "layer_types", None) or [])
-        self.context_limit: int | None = self.config.sliding_window if sliding else None
+        self.layout = AttentionLayout.of(self.config)  # the decoder layers' attention types and windows
+        self._rotary_per_type = "layer_type" in inspect.signature(model.model.rotary_emb.forward).parameters
+        self._logit_softcap = getattr(self.config, "final_logit_softcapping", None)
+        self.context_limit: int | None = getattr(self.config, "max_position_embeddings", None)
         self.cache: DynamicCache | None = None
         # decode-time passes through this wrapper's weights (prefill excluded): the raw count, and the
         # cost-weighted count in full-model units (a pass over k of the model's L layers counts k/L)
@@ -77,6 +73,7 @@ class TargetModel:
     # ------------------------------------------------------------------ cache
     def reset(self) -> None:
         self.cache = DynamicCache(config=self.config)
+        attention_layout.record_past(self.cache)
         self.num_forwards = 0
         self.forward_cost = 0.0
 
@@ -101,27 +98,32 @@ class TargetModel:
         Our own gather: DynamicCache.crop(0) is a no-op in transformers 5 and crop() cannot drop
         non-contiguous rows of a tree. Rows that already sit in place (the accepted path's leading
         run) are left alone; the others are copied down in place, then every layer is cut: no
-        layer is copied whole.
+        layer is copied whole. A sliding layer's rows are found through its offset.
         """
         moved = next((i for i, r in enumerate(rows) if r != i), len(rows))
         if moved < len(rows):
-            index = to_device([r + prefix_len for r in rows[moved:]], self.device)
+            positions = to_device([r + prefix_len for r in rows[moved:]], self.device)
             start = prefix_len + moved
-            for layer in self.cache.layers:
-                if layer.keys is None or layer.keys.numel() == 0:
-                    continue
-                index = index.to(layer.keys.device)  # a device_map spreads layers over devices
-                end = start + len(rows) - moved
-                layer.keys[:, :, start:end] = layer.keys.index_select(2, index)
-                layer.values[:, :, start:end] = layer.values.index_select(2, index)
+            indices = {}  # (offset, device) -> the rows' indices in such a layer
+            for layer in self._cached_layers():
+                first = attention_layout.offset(layer)
+                key = (first, layer.keys.device)  # a device_map spreads layers over devices
+                if key not in indices:
+                    indices[key] = positions.to(layer.keys.device) - first
+                index = indices[key]
+                lo, hi = start - first, start - first + len(rows) - moved
+                layer.keys[:, :, lo:hi] = layer.keys.index_select(2, index)
+                layer.values[:, :, lo:hi] = layer.values.index_select(2, index)
         self.truncate(prefix_len + len(rows))
 
     def truncate(self, length: int) -> None:
-        """Keep the first `length` cached tokens of every layer."""
-        for layer in self.cache.layers:
-            if layer.keys is not None and layer.keys.shape[-2] > length:
-                layer.keys = layer.keys[:, :, :length]
-                layer.values = layer.values[:, :, :length]
+        """Keep the first `length` cached tokens of every layer (a sliding layer: the last
+        window - 1 of them)."""
+        for layer in self._cached_layers():
+            attention_layout.cut(layer, length)
+
+    def _cached_layers(self):
+        return [layer for layer in self.cache.layers if layer.keys is not None and layer.keys.numel() > 0]
 
     # ---------------------------------------------------------------- forward
     @torch.inference_mode()
@@ -134,6 +136,7 @@ class TargetModel:
         tokens = torch.tensor(ids, device=self.device)
         out = self._run(tokens, torch.arange(len(ids), device=self.device), None, hidden_layers,
                         last_only=True, layers=self.layers)
+        self.truncate(len(ids))  # sliding layers back to their window
         self.num_forwards, self.forward_cost = 0, 0.0
         return out
 
@@ -165,8 +168,7 @@ class TargetModel:
             tokens, positions = to_device(packed, self.device)
         mask = None
         if visible is not None:
-            visible = to_device(visible, self.device, torch.bool)
-            mask = additive_mask(visible, prefix, self.dtype)
+            mask = self.layout.masks(to_device(visible, self.device, torch.bool), positions, prefix, self.dtype)
         layers = self.layers if active_layers is None else tuple(sorted(set(active_layers)))
         if not set(layers) <= set(self.layers):
             raise ValueError(f"active_layers {layers} are not all layers of this wrapper")
@@ -206,24 +208,33 @@ class TargetModel:
 
     def _run_layers(self, tokens, positions, mask, hidden_layers, last_only, layers) -> ForwardOutput:
         """The decoder stack with only `layers` (skipped layers pass the residual stream through
-        and write no KV), built from the model's own modules: embeddings, rotary embedding, decoder
-        layers (each writes its KV to its own cache layer, by its layer index), final norm, head."""
-        stack, head = self.model.model, self.model.lm_head
+        and write no KV), built from the model's own modules: embeddings, rotary embedding (per
+        layer type where the model has one per type), decoder layers (each with its type's mask,
+        writing its KV to its own cache layer by its layer index), final norm, head, soft-cap."""
+        stack, head, types = self.model.model, self.model.lm_head, self.layout.types
         prefix = self.cache_len
         if mask is None and len(tokens) > 1:  # plain causal chain after the cached prefix (one row needs no mask)
             n = len(tokens)
-            mask = additive_mask(torch.ones(n, n, dtype=torch.bool, device=self.device).tril(), prefix, self.dtype)
+            chain = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
+            mask = self.layout.masks(chain, positions, prefix, self.dtype)
         pos = positions[None]
         h = stack.embed_tokens(tokens[None])
-        rope = stack.rotary_emb(h, pos)
+        if self._rotary_per_type:
+            rope = {t: stack.rotary_emb(h, pos, t) for t in dict.fromkeys(types[i] for i in layers)}
+        else:
+            rope = dict.fromkeys(dict.fromkeys(types), stack.rotary_emb(h, pos))
         hidden = {}
         for i in layers:
-            h = stack.layers[i](h, attention_mask=mask, position_ids=pos, cache=self.cache, use_cache=True,
-                                position_embeddings=rope)
+            layer_mask = None if mask is None else AttentionLayout.mask_for(mask, types[i])
+            h = stack.layers[i](h, attention_mask=layer_mask, position_ids=pos, cache=self.cache, use_cache=True,
+                                position_embeddings=rope[types[i]])
             if i in hidden_layers:
                 hidden[i] = h[0]
         if last_only:
             h = h[:, -1:]
         if self.exit_head is not None:
             h = self.exit_head(h)
-        return ForwardOutput(head(stack.norm(h))[0].float(), hidden)
+        logits = head(stack.norm(h))
+        if self._logit_softcap is not None:  # as the model's ForCausalLM forward does it (Gemma 2/3)
+            logits = torch.tanh(logits / self._logit_softcap) * self._logit_softcap
+        return ForwardOutput(logits[0].float(), hidden)

@@ -32,6 +32,22 @@ SHAPES = {
                    dict(num_hidden_layers=2, intermediate_size=6144, gru_hidden_dim=1024, emb_dim=256, taps=5)),
 }
 
+# Architectures the engine is tested on (tests/decoding/test_architectures.py), as extra config
+# fields over a shape: hybrid ones get a sliding window of 8 so a short test crosses it.
+ARCHITECTURES = {
+    "llama": ("LlamaConfig", dict()),
+    "qwen3": ("Qwen3Config", dict()),
+    # Qwen2 with its sliding window switched on for the layers from max_window_layers up: a hybrid stack
+    "qwen2": ("Qwen2Config", dict(use_sliding_window=True, sliding_window=8, max_window_layers=3)),
+    # Gemma 3: 5 sliding layers per full one, local/global rotary bases, scaled embeddings
+    "gemma3": ("Gemma3TextConfig", dict(sliding_window=8, query_pre_attn_scalar=16,
+                                        layer_types=["sliding_attention"] * 2 + ["full_attention"]
+                                        + ["sliding_attention"] * 2 + ["full_attention"])),
+    # Gemma 2: alternating sliding/full layers, attention and final-logit soft-capping (eager attention)
+    "gemma2": ("Gemma2Config", dict(sliding_window=8, query_pre_attn_scalar=16, final_logit_softcapping=30.0,
+                                    attn_logit_softcapping=50.0, attn_implementation="eager")),
+}
+
 METHODS = ("ar", "pld", "lookahead", "self_draft", "ptd", "ptd_forest", "sd", "sd_slim", "spec_cascade", "via_sd",
            "dflash", "ddtree", "caddtree", "domino", "dominotree", "dominotree_reference")
 LOSSLESS = tuple(m for m in METHODS if m not in ("spec_cascade", "via_sd"))
@@ -45,15 +61,31 @@ def mixed_prompts(count: int, high: int) -> list[list[int]]:
             for i in range(count)]
 
 
-def random_target(shape: str = "tiny", dtype=torch.float32, device="cpu", seed: int = 0,
-                  init_range: float = 0.2) -> TargetModel:
-    """Random weights; `init_range` 0.2 (not the usual 0.02) gives peaked next-token distributions,
-    so greedy outputs are not decided by near-ties everywhere."""
-    from transformers import AutoModelForCausalLM, Qwen3Config
+def random_config(shape: str = "tiny", arch: str = "qwen3", init_range: float = 0.2):
+    """The config of a random `arch` model (one of ARCHITECTURES) of `shape` (one of SHAPES)."""
+    import transformers
 
     fields, _ = SHAPES[shape]
-    config = Qwen3Config(**fields, max_position_embeddings=4096, initializer_range=init_range, eos_token_id=2,
-                         bos_token_id=1, pad_token_id=0, tie_word_embeddings=False)
+    class_name, extra = ARCHITECTURES[arch]
+    fields = {**fields, **extra}
+    if arch == "llama":
+        fields.pop("head_dim")  # hidden / heads, as LLaMA derives it
+    attn = fields.pop("attn_implementation", None)
+    config = getattr(transformers, class_name)(**fields, max_position_embeddings=4096, initializer_range=init_range,
+                                                eos_token_id=2, bos_token_id=1, pad_token_id=0,
+                                                tie_word_embeddings=False)
+    if attn is not None:
+        config._attn_implementation = attn
+    return config
+
+
+def random_target(shape: str = "tiny", dtype=torch.float32, device="cpu", seed: int = 0,
+                  init_range: float = 0.2, arch: str = "qwen3") -> TargetModel:
+    """Random weights; `init_range` 0.2 (not the usual 0.02) gives peaked next-token distributions,
+    so greedy outputs are not decided by near-ties everywhere."""
+    from transformers import AutoModelForCausalLM
+
+    config = random_config(shape, arch, init_range)
     torch.manual_seed(seed)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
