@@ -1,0 +1,159 @@
+"""Every method on every architecture we list (pipeline.zoo.ARCHITECTURES: LLaMA, Qwen3, Qwen2 with
+its sliding window on, Gemma 3 and Gemma 2), on tiny random models whose hybrid stacks have an
+8-token window, so every 24-token prompt crosses it.
+
+- AR equals the model's own uncached forward (its masks, its window) token for token;
+- the engine's pieces: the layer-subset path equals the model's forward, tree rows equal sequential
+  forwards across the window, compaction after a rejected branch equals a fresh prefill;
+- in fp32, every lossless method (drafter-free, early-exit/slim drafters, block diffusion with a
+  random drafter of the matching shape) gives AR's greedy tokens on a repetitive prompt (drafts
+  accepted) and a random one (drafts rejected); via_sd and spec_cascade complete; the DIMR cost runs;
+- at T=1 every method samples on the hybrid architectures.
+"""
+
+import functools
+
+import pytest
+import torch
+
+from decoding.ar import AR
+from decoding.engine import generate
+from decoding.tree import TokenTree
+from pipeline.zoo import ARCHITECTURES, LOSSLESS, METHODS, build_method, mixed_prompts, random_target
+
+ARCHS = sorted(ARCHITECTURES)
+HYBRID = ("gemma2", "gemma3", "qwen2")
+NEW_TOKENS = 24
+
+
+@functools.cache
+def arch_target(arch: str):
+    return random_target("tiny", arch=arch)
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    return functools.cache(lambda arch: tmp_path_factory.mktemp(f"arch_{arch}"))
+
+
+def prompts():
+    return mixed_prompts(2, 500)  # [repetitive (drafts accepted), random (drafts rejected)]
+
+
+@functools.cache
+def ar_tokens(arch: str):
+    return [generate(AR(), arch_target(arch), p, max_new_tokens=NEW_TOKENS).new_tokens for p in prompts()]
+
+
+def test_hybrid_architectures_really_mix_layer_types_with_a_window_the_prompts_cross():
+    for arch in HYBRID:
+        layout = arch_target(arch).layout
+        assert set(layout.types) == {"full_attention", "sliding_attention"}, arch
+        assert layout.windows["sliding_attention"] == 8 < len(prompts()[0])
+    assert arch_target("gemma2")._logit_softcap == 30.0
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_ar_equals_the_models_own_uncached_greedy_forward(arch):
+    target = arch_target(arch)
+    for prompt, ours in zip(prompts(), ar_tokens(arch)):
+        seq = list(prompt)
+        with torch.inference_mode():
+            for _ in range(NEW_TOKENS):
+                seq.append(int(target.model(torch.tensor([seq])).logits[0, -1].argmax()))
+        assert ours == seq[len(prompt):]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_layer_subset_path_over_all_layers_equals_the_models_forward(arch):
+    """_run_layers (drafters, slim verifiers, VIA-SD) rebuilds the stack from the model's modules:
+    per-type rotary, per-type masks and the final soft-cap must make it the model's own forward."""
+    target = arch_target(arch)
+    seq = prompts()[1]
+    target.prefill(seq[:10])
+    tokens, positions = torch.tensor(seq[10:]), torch.arange(10, len(seq))
+    subset = target._run_layers(tokens, positions, None, (), False, target.layers).logits
+    target.prefill(seq[:10])
+    full = target.forward(seq[10:], list(range(len(seq) - 10))).logits
+    torch.testing.assert_close(subset, full, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("arch", HYBRID)
+def test_tree_rows_equal_sequential_forwards_across_the_window(arch):
+    """Deep branches (12 tokens > the 8-token window) after a prefix longer than the window: each
+    node's logits equal the uncached forward of its path, so the window is applied at its position."""
+    target = arch_target(arch)
+    prefix = prompts()[1][:20]
+    branches = [list(range(40, 52)), [40, 41, 42, *range(60, 69)], [70, 71, 72]]
+    tree = TokenTree.from_sequences(prefix[-1], branches)
+    target.prefill(prefix[:-1])
+    out = target.forward_tree(tree)
+    for node in range(len(tree)):
+        path = prefix + [tree.tokens[i] for i in tree.path_to(node)[1:]]
+        with torch.inference_mode():
+            ref = target.model(torch.tensor([path])).logits[0, -1].float()
+        torch.testing.assert_close(out.logits[node], ref, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("arch", HYBRID)
+def test_keeping_a_non_contiguous_path_equals_a_fresh_prefill(arch):
+    """After a tree forward, keep_rows of a path that skips rows (a rejected sibling) leaves every
+    layer, sliding ones included, as a prefill of the committed tokens: same keys, same count."""
+    target = arch_target(arch)
+    prefix = prompts()[1][:20]
+    tree = TokenTree.from_sequences(prefix[-1], [[80, 81, 82, 83], [90, 91, 92, 93, 94, 95]])
+    target.prefill(prefix[:-1])
+    target.forward_tree(tree)
+    path = tree.path_to(len(tree) - 1)  # the second branch: rows 0, 5..10
+    assert path != list(range(len(path)))
+    target.keep_rows(len(prefix) - 1, path)
+    kept = [(layer.keys.clone(), layer.cumulative_length if layer.is_sliding else None) for layer in target.cache.layers]
+    target.prefill(prefix[:-1] + [tree.tokens[i] for i in path])
+    for (keys, count), layer in zip(kept, target.cache.layers):
+        torch.testing.assert_close(keys, layer.keys, atol=1e-5, rtol=1e-5)
+        assert count == (layer.cumulative_length if layer.is_sliding else None)
+    sliding = [layer for layer in target.cache.layers if layer.is_sliding]
+    assert sliding and all(layer.keys.shape[-2] == 7 for layer in sliding)  # window - 1 keys kept
+
+
+@pytest.mark.parametrize("name", [m for m in LOSSLESS if m != "ar"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_lossless_method_equals_ar_in_fp32_with_rejected_drafts(arch, name, folders, monkeypatch):
+    monkeypatch.setenv("SPECDEC_CACHE", str(folders(arch)))  # CaDDTree's profiled cost model
+    target = arch_target(arch)
+    method = build_method(name, target, folders(arch))
+    states = [generate(method, target, p, max_new_tokens=NEW_TOKENS) for p in prompts()]
+    assert [s.new_tokens for s in states] == ar_tokens(arch)
+    random_prompt = states[1].stats
+    assert random_prompt.num_draft_tokens > random_prompt.num_accepted_tokens  # drafts were rejected
+
+
+@pytest.mark.parametrize("name", ["via_sd", "spec_cascade"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_lossy_method_completes(arch, name, folders):
+    target = arch_target(arch)
+    method = build_method(name, target, folders(arch))
+    for prompt in prompts():
+        state = generate(method, target, prompt, max_new_tokens=NEW_TOKENS)
+        assert len(state.new_tokens) == NEW_TOKENS and all(0 <= t < target.config.vocab_size for t in state.new_tokens)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_dimr_cost_is_zero_for_the_full_model_and_positive_for_a_slim_one(arch):
+    from search.dimr import MaskCost
+
+    target = arch_target(arch)
+    cost = MaskCost(target, [p + t for p, t in zip(prompts(), ar_tokens(arch))])
+    assert cost(()) == pytest.approx(0.0, abs=1e-5)
+    assert cost((1, 3)) > 1e-4
+
+
+@pytest.mark.parametrize("name", METHODS)
+@pytest.mark.parametrize("arch", HYBRID)
+def test_every_method_samples_at_t1(arch, name, folders, monkeypatch):
+    monkeypatch.setenv("SPECDEC_CACHE", str(folders(arch)))
+    target = arch_target(arch)
+    method = build_method(name, target, folders(arch))
+    runs = [generate(method, target, prompts()[1], max_new_tokens=NEW_TOKENS, temperature=1.0, seed=s).new_tokens
+            for s in (0, 1)]
+    assert all(len(r) == NEW_TOKENS for r in runs) and runs[0] != runs[1]
