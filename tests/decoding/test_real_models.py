@@ -72,3 +72,39 @@ def test_shipped_smollm2_exit_head_is_lossless_and_drafts_better_than_the_plain_
         assert state.new_tokens == ar, name
         accepted[name] = state.stats.num_accepted_tokens
     assert accepted["head"] > accepted["plain"]
+
+
+# Every method that needs no trained drafter, on Gemma 3 270M as `python -m pipeline model=gemma3-270m
+# method=M` runs it (fp32, so losslessness is exact): the task's prompt builder (the base model ships no
+# chat template: the builder's plain-prompt form), one HumanEval and one GSM8K prompt, past a rejected draft.
+DRAFTER_FREE = {"pld": ["method=pld"], "lookahead": ["method=lookahead"], "self_draft": ["method=self_draft"],
+                "ptd": ["method=ptd"], "ptd_forest": ["method=ptd_forest"], "ptd_tuned": ["method=ptd_tuned"],
+                "sd": ["method=sd"], "sd_slim": ["method=sd", "drafter=slim"],  # masks/gemma3-270m-dimr.json
+                "spec_cascade": ["method=spec_cascade"], "via_sd": ["method=via_sd"]}
+
+
+@pytest.fixture(scope="module")
+def gemma_outputs(tmp_path_factory):
+    return tmp_path_factory.mktemp("gemma3_jobs")  # one AR reference per task, reused by every method
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", ["humaneval", "gsm8k"])
+@pytest.mark.parametrize("name", sorted(DRAFTER_FREE))
+def test_every_drafter_free_method_runs_on_gemma3_and_lossless_ones_equal_ar(name, task, gemma_outputs):
+    from hydra.core.global_hydra import GlobalHydra
+
+    from pipeline.runner import run
+
+    GlobalHydra.instance().clear()
+    with initialize_config_module(config_module="conf", version_base="1.3"):
+        cfg = compose("config", overrides=[
+            "model=gemma3-270m", "model.dtype=float32", f"task={task}", "task.limit=1", "max_new_tokens=32",
+            "tracker=none", f"outputs_root={gemma_outputs}", *DRAFTER_FREE[name]])
+    summary = run(cfg, gemma_outputs / f"{name}_{task}", show_progress=False)
+    assert summary["num_prompts"] == 1 and summary["tokens_per_s"] > 0 and summary["dtype"] == "float32"
+    if name in ("spec_cascade", "via_sd"):  # lossy: no match against AR
+        assert "match_rate" not in summary
+    else:
+        assert summary["match_rate"] == 1.0
+        assert summary["num_draft_tokens"] > summary["num_accepted_tokens"]  # some drafts were rejected
