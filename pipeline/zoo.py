@@ -43,6 +43,8 @@ ARCHITECTURES = {
     "gemma3": ("Gemma3TextConfig", dict(sliding_window=8, query_pre_attn_scalar=16,
                                         layer_types=["sliding_attention"] * 2 + ["full_attention"]
                                         + ["sliding_attention"] * 2 + ["full_attention"])),
+    # Mistral: every layer sliding (one layer type, so one mask tensor rather than a dict per type)
+    "mistral": ("MistralConfig", dict(sliding_window=8)),
     # Gemma 2: alternating sliding/full layers, attention and final-logit soft-capping (eager attention)
     "gemma2": ("Gemma2Config", dict(sliding_window=8, query_pre_attn_scalar=16, final_logit_softcapping=30.0,
                                     attn_logit_softcapping=50.0, attn_implementation="eager")),

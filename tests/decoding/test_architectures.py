@@ -1,6 +1,6 @@
 """Every method on every architecture we list (pipeline.zoo.ARCHITECTURES: LLaMA, Qwen3, Qwen2 with
-its sliding window on, Gemma 3 and Gemma 2), on tiny random models whose hybrid stacks have an
-8-token window, so every 24-token prompt crosses it.
+its sliding window on, Gemma 3, Gemma 2 and Mistral), on tiny random models whose sliding layers have
+an 8-token window, so every 24-token prompt crosses it.
 
 - AR equals the model's own uncached forward (its masks, its window) token for token;
 - the engine's pieces: the layer-subset path equals the model's forward, tree rows equal sequential
@@ -22,7 +22,8 @@ from decoding.tree import TokenTree
 from pipeline.zoo import ARCHITECTURES, LOSSLESS, METHODS, build_method, mixed_prompts, random_target
 
 ARCHS = sorted(ARCHITECTURES)
-HYBRID = ("gemma2", "gemma3", "qwen2")
+HYBRID = ("gemma2", "gemma3", "qwen2")  # sliding and full layers mixed
+WINDOWED = (*HYBRID, "mistral")  # every model with sliding layers
 NEW_TOKENS = 24
 
 
@@ -50,6 +51,7 @@ def test_hybrid_architectures_really_mix_layer_types_with_a_window_the_prompts_c
         layout = arch_target(arch).layout
         assert set(layout.types) == {"full_attention", "sliding_attention"}, arch
         assert layout.windows["sliding_attention"] == 8 < len(prompts()[0])
+    assert arch_target("mistral").layout.types == ("sliding_attention",) * 6
     assert arch_target("gemma2")._logit_softcap == 30.0
 
 
@@ -78,7 +80,7 @@ def test_layer_subset_path_over_all_layers_equals_the_models_forward(arch):
     torch.testing.assert_close(subset, full, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("arch", HYBRID)
+@pytest.mark.parametrize("arch", WINDOWED)
 def test_tree_rows_equal_sequential_forwards_across_the_window(arch):
     """Deep branches (12 tokens > the 8-token window) after a prefix longer than the window: each
     node's logits equal the uncached forward of its path, so the window is applied at its position."""
@@ -95,7 +97,7 @@ def test_tree_rows_equal_sequential_forwards_across_the_window(arch):
         torch.testing.assert_close(out.logits[node], ref, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("arch", HYBRID)
+@pytest.mark.parametrize("arch", WINDOWED)
 def test_keeping_a_non_contiguous_path_equals_a_fresh_prefill(arch):
     """After a tree forward, keep_rows of a path that skips rows (a rejected sibling) leaves every
     layer, sliding ones included, as a prefill of the committed tokens: same keys, same count."""
@@ -149,7 +151,7 @@ def test_dimr_cost_is_zero_for_the_full_model_and_positive_for_a_slim_one(arch):
 
 
 @pytest.mark.parametrize("name", METHODS)
-@pytest.mark.parametrize("arch", HYBRID)
+@pytest.mark.parametrize("arch", WINDOWED)
 def test_every_method_samples_at_t1(arch, name, folders, monkeypatch):
     monkeypatch.setenv("SPECDEC_CACHE", str(folders(arch)))
     target = arch_target(arch)
@@ -157,3 +159,12 @@ def test_every_method_samples_at_t1(arch, name, folders, monkeypatch):
     runs = [generate(method, target, prompts()[1], max_new_tokens=NEW_TOKENS, temperature=1.0, seed=s).new_tokens
             for s in (0, 1)]
     assert all(len(r) == NEW_TOKENS for r in runs) and runs[0] != runs[1]
+
+
+def test_past_max_position_embeddings_is_one_line_error():
+    from decoding.engine import ContextLimitError
+
+    target = arch_target("gemma3")
+    with pytest.raises(ContextLimitError, match="4096-token context") as info:
+        generate(AR(), target, [5] * 4000, max_new_tokens=100)
+    assert "\n" not in str(info.value)

@@ -108,3 +108,24 @@ def test_every_drafter_free_method_runs_on_gemma3_and_lossless_ones_equal_ar(nam
     else:
         assert summary["match_rate"] == 1.0
         assert summary["num_draft_tokens"] > summary["num_accepted_tokens"]  # some drafts were rejected
+
+
+@pytest.mark.slow
+def test_gemma3_past_its_sliding_window_ar_is_the_models_own_forward_and_pld_equals_it(real_target):
+    """A ~600-token prompt crosses Gemma 3's 512-token window: AR (bounded sliding caches) equals the
+    model's own uncached forward, and PLD (rejected drafts compacted out of the sliding layers) equals AR."""
+    if real_target.config.model_type != "gemma3_text":
+        pytest.skip("Gemma 3's sliding window")
+    tok = real_target.tokenizer
+    prompt = tok("".join(f"def add_{i}(x):\n    return x + {i * 7 % 13}\n\n" for i in range(40)))["input_ids"]
+    window = real_target.layout.windows["sliding_attention"]
+    assert window == 512 < len(prompt)
+    ar = generate(AR(), real_target, prompt, max_new_tokens=24).new_tokens
+    seq = list(prompt)
+    with torch.inference_mode():
+        for _ in range(24):
+            seq.append(int(real_target.model(torch.tensor([seq])).logits[0, -1].argmax()))
+    assert ar == seq[len(prompt):]
+    state = generate(PromptLookup(PLDConfig()), real_target, prompt, max_new_tokens=24)
+    assert state.new_tokens == ar
+    assert state.stats.num_draft_tokens > state.stats.num_accepted_tokens > 0
