@@ -7,12 +7,13 @@ import re
 import sys
 from contextlib import contextmanager
 
+from decoding.attention_layout import UnsupportedArchitecture
 from decoding.engine import ContextLimitError
 from pipeline.errors import ConfigError, one_line
 from pipeline.models import ModelLoadError
 from pipeline.tasks import TaskDataError
 
-USER_ERRORS = (ConfigError, ModelLoadError, TaskDataError, ContextLimitError)
+USER_ERRORS = (ConfigError, ModelLoadError, TaskDataError, ContextLimitError, UnsupportedArchitecture)
 MAX_CHECKED_COMBINATIONS = 256
 
 

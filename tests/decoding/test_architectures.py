@@ -8,7 +8,7 @@ an 8-token window, so every 24-token prompt crosses it.
 - in fp32, every lossless method (drafter-free, early-exit/slim drafters, block diffusion with a
   random drafter of the matching shape) gives AR's greedy tokens on a repetitive prompt (drafts
   accepted) and a random one (drafts rejected); via_sd and spec_cascade complete; the DIMR cost runs;
-- at T=1 every method samples on the hybrid architectures.
+- at T=1 every method samples on every architecture.
 """
 
 import functools
@@ -151,7 +151,7 @@ def test_dimr_cost_is_zero_for_the_full_model_and_positive_for_a_slim_one(arch):
 
 
 @pytest.mark.parametrize("name", METHODS)
-@pytest.mark.parametrize("arch", WINDOWED)
+@pytest.mark.parametrize("arch", ARCHS)
 def test_every_method_samples_at_t1(arch, name, folders, monkeypatch):
     monkeypatch.setenv("SPECDEC_CACHE", str(folders(arch)))
     target = arch_target(arch)
@@ -168,3 +168,15 @@ def test_past_max_position_embeddings_is_one_line_error():
     with pytest.raises(ContextLimitError, match="4096-token context") as info:
         generate(AR(), target, [5] * 4000, max_new_tokens=100)
     assert "\n" not in str(info.value)
+
+
+def test_a_layer_type_the_engine_does_not_handle_is_refused_with_one_line():
+    from transformers import Qwen3Config
+
+    from decoding.attention_layout import AttentionLayout, UnsupportedArchitecture
+    from pipeline.cli import USER_ERRORS
+
+    config = Qwen3Config(num_hidden_layers=2, layer_types=["full_attention", "linear_attention"])
+    with pytest.raises(UnsupportedArchitecture, match="linear_attention are not supported") as info:
+        AttentionLayout.of(config)
+    assert "\n" not in str(info.value) and isinstance(info.value, USER_ERRORS)
