@@ -36,15 +36,19 @@ class AttentionLayout:
 
     @classmethod
     def of(cls, config) -> "AttentionLayout":
+        config = config.get_text_config(decoder=True)  # as DynamicCache reads it
         types, kwargs = get_layer_types_and_kwargs(config)
         unknown = sorted(set(types) - {FULL, SLIDING})
         if unknown:
             raise UnsupportedArchitecture(f"{config.model_type}: layer type(s) {', '.join(unknown)} are not supported "
                                           f"by the decoding engine (it handles {FULL} and {SLIDING})")
         windows: dict[str, int | None] = {FULL: None}
-        for layer_type, kw in zip(types, kwargs):
-            if layer_type == SLIDING:
-                windows[SLIDING] = int(kw["sliding_window"])
+        sizes = {int(kw["sliding_window"]) for t, kw in zip(types, kwargs) if t == SLIDING}
+        if len(sizes) > 1:
+            raise UnsupportedArchitecture(f"{config.model_type}: sliding layers with different windows {sorted(sizes)} "
+                                          "are not supported by the decoding engine")
+        if sizes:
+            windows[SLIDING] = sizes.pop()
         return cls(tuple(types), {t: windows[t] for t in dict.fromkeys(types)})
 
     @property
@@ -57,6 +61,7 @@ class AttentionLayout:
         which block rows each row attends to; `positions` [n] are the rows' absolute positions.
         Always float: a boolean 4D mask is silently wrong under eager attention in transformers 5."""
         masks = {t: self._mask(visible, positions, prefix_len, w, dtype) for t, w in self.windows.items()}
+        # one type: a tensor, since the forwards of one-type models (LLaMA, Mistral) take no dict
         return next(iter(masks.values())) if self.is_uniform else masks
 
     @staticmethod
@@ -97,6 +102,8 @@ def cut(layer, length: int) -> None:
     """Keep the layer's keys of positions < `length`; a sliding layer then keeps only the last
     window - 1 of them (all the next token can see) and counts `length` tokens seen."""
     start = offset(layer)
+    if length < start:
+        raise ValueError(f"cannot cut a sliding layer to {length} tokens: it keeps positions from {start} on")
     if layer.keys.shape[-2] > length - start:
         layer.keys = layer.keys[:, :, : length - start]
         layer.values = layer.values[:, :, : length - start]

@@ -12,7 +12,7 @@ forward can also run a subset of the wrapper's layers (`active_layers=`, the sli
 VIA-SD): such a pass only reads the cache, its block KV is dropped afterwards, because the KV of a
 layer fed by a slimmed residual stream is not the full model's KV (a later full pass recomputes it).
 
-Hybrid attention (Gemma 2/3, Qwen2 with its window on): the model's layer types and its sliding
+Sliding-window attention (Gemma 2/3, Qwen2 with its window on, Mistral): the model's layer types and its sliding
 layers' caches are handled in one place, decoding/attention_layout.py (masks per layer type, the
 window applied to the block rows' positions, sliding caches compacted and cut like the others);
 the layer-subset path gives each layer its type's mask and rotary embedding and applies the
@@ -40,6 +40,12 @@ class ForwardOutput:
     hidden: dict[int, torch.Tensor] = field(default_factory=dict)  # layer id -> [n, H] (output of that decoder layer)
 
 
+def soft_cap(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
+    """The final-logit soft-capping of models that have one (Gemma 2: cap * tanh(logits / cap)), as
+    their ForCausalLM forward applies it; identity for the others."""
+    return logits if cap is None else torch.tanh(logits / cap) * cap
+
+
 class TargetModel:
     """Prefill, block/tree forwards with a custom mask, hidden-state taps, KV compaction."""
 
@@ -61,7 +67,8 @@ class TargetModel:
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._pass_cache_position = "cache_position" in params
         self.layout = AttentionLayout.of(self.config)  # the decoder layers' attention types and windows
-        self._rotary_per_type = "layer_type" in inspect.signature(model.model.rotary_emb.forward).parameters
+        rotary = getattr(getattr(model, "model", None), "rotary_emb", None)  # the layer-subset path's RoPE
+        self._rotary_per_type = rotary is not None and "layer_type" in inspect.signature(rotary.forward).parameters
         self._logit_softcap = getattr(self.config, "final_logit_softcapping", None)
         self.context_limit: int | None = getattr(self.config, "max_position_embeddings", None)
         self.cache: DynamicCache | None = None
@@ -102,14 +109,14 @@ class TargetModel:
         """
         moved = next((i for i, r in enumerate(rows) if r != i), len(rows))
         if moved < len(rows):
-            positions = to_device([r + prefix_len for r in rows[moved:]], self.device)
+            kept = to_device([r + prefix_len for r in rows[moved:]], self.device)  # cache slots of a full layer
             start = prefix_len + moved
-            indices = {}  # (offset, device) -> the rows' indices in such a layer
+            indices = {}  # (offset, device) -> the kept rows' slots in such a layer
             for layer in self._cached_layers():
                 first = attention_layout.offset(layer)
                 key = (first, layer.keys.device)  # a device_map spreads layers over devices
                 if key not in indices:
-                    indices[key] = positions.to(layer.keys.device) - first
+                    indices[key] = kept.to(layer.keys.device) - first
                 index = indices[key]
                 lo, hi = start - first, start - first + len(rows) - moved
                 layer.keys[:, :, lo:hi] = layer.keys.index_select(2, index)
@@ -222,7 +229,8 @@ class TargetModel:
         if self._rotary_per_type:
             rope = {t: stack.rotary_emb(h, pos, t) for t in dict.fromkeys(types[i] for i in layers)}
         else:
-            rope = dict.fromkeys(dict.fromkeys(types), stack.rotary_emb(h, pos))
+            shared = stack.rotary_emb(h, pos)  # one rotary embedding for every layer type
+            rope = {t: shared for t in set(types)}
         hidden = {}
         for i in layers:
             layer_mask = None if mask is None else AttentionLayout.mask_for(mask, types[i])
@@ -234,7 +242,4 @@ class TargetModel:
             h = h[:, -1:]
         if self.exit_head is not None:
             h = self.exit_head(h)
-        logits = head(stack.norm(h))
-        if self._logit_softcap is not None:  # as the model's ForCausalLM forward does it (Gemma 2/3)
-            logits = torch.tanh(logits / self._logit_softcap) * self._logit_softcap
-        return ForwardOutput(logits[0].float(), hidden)
+        return ForwardOutput(soft_cap(head(stack.norm(h)), self._logit_softcap)[0].float(), hidden)

@@ -1,7 +1,8 @@
 """Every method on a randomly initialised model: the smoke-test zoo behind
 `benchmarks/gpu_smoke.py`, `benchmarks/bench_host_overhead.py` and the engine-wide tests.
 
-- `random_target(shape, dtype, device)`: a Qwen3-architecture target with random weights
+- `random_target(shape, dtype, device, arch)`: a target with random weights (Qwen3 unless `arch`
+  names another of ARCHITECTURES)
   (`tiny`: 6 layers, hidden 64, vocab 512, a forward of a few milliseconds on a CPU core;
   `qwen3-1.7b`: Qwen3-1.7B's shape, vocab 151936, for a GPU);
 - `save_random_drafters(target, folder)`: a DFlash and a Domino drafter with random weights,
@@ -23,7 +24,7 @@ import torch
 from decoding.target import TargetModel
 
 SHAPES = {
-    # name: (Qwen3Config fields, drafter fields)
+    # name: (config fields every architecture takes, drafter fields)
     "tiny": (dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4,
                   num_key_value_heads=2, head_dim=16),
              dict(num_hidden_layers=1, intermediate_size=128, gru_hidden_dim=32, emb_dim=16, taps=3)),
@@ -39,7 +40,7 @@ ARCHITECTURES = {
     "qwen3": ("Qwen3Config", dict()),
     # Qwen2 with its sliding window switched on for the layers from max_window_layers up: a hybrid stack
     "qwen2": ("Qwen2Config", dict(use_sliding_window=True, sliding_window=8, max_window_layers=3)),
-    # Gemma 3: 5 sliding layers per full one, local/global rotary bases, scaled embeddings
+    # Gemma 3: local/global rotary bases, scaled embeddings; 2 sliding layers per full one here (5 in the models)
     "gemma3": ("Gemma3TextConfig", dict(sliding_window=8, query_pre_attn_scalar=16,
                                         layer_types=["sliding_attention"] * 2 + ["full_attention"]
                                         + ["sliding_attention"] * 2 + ["full_attention"])),
@@ -70,8 +71,6 @@ def random_config(shape: str = "tiny", arch: str = "qwen3", init_range: float = 
     fields, _ = SHAPES[shape]
     class_name, extra = ARCHITECTURES[arch]
     fields = {**fields, **extra}
-    if arch == "llama":
-        fields.pop("head_dim")  # hidden / heads, as LLaMA derives it
     attn = fields.pop("attn_implementation", None)
     config = getattr(transformers, class_name)(**fields, max_position_embeddings=4096, initializer_range=init_range,
                                                 eos_token_id=2, bos_token_id=1, pad_token_id=0,

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from decoding.exit_head import ExitTranslator, save_exit_head
 from pipeline.errors import ConfigError
 from pipeline.models import load_model
+from decoding.target import soft_cap
 from pipeline.train.config import TrainConfig
 from pipeline.train.trainer import (learning_rate, make_wandb, progress_bar, resume_state, save_state,
                                     training_samples)
@@ -42,12 +43,13 @@ class Readout:
         self.norm = model.model.norm
         self.unembed = model.get_output_embeddings().weight.detach().float()
         self.device = self.unembed.device
+        self.cap = getattr(model.config, "final_logit_softcapping", None)  # Gemma 2: as the drafter's readout
 
     def teacher(self, finals: torch.Tensor) -> torch.Tensor:
-        return F.linear(finals, self.unembed)
+        return soft_cap(F.linear(finals, self.unembed), self.cap)
 
     def student(self, head, h: torch.Tensor) -> torch.Tensor:
-        return F.linear(self.norm(head(h)).float(), self.unembed)
+        return soft_cap(F.linear(self.norm(head(h)).float(), self.unembed), self.cap)
 
 
 @torch.no_grad()

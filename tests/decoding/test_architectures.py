@@ -6,8 +6,10 @@ an 8-token window, so every 24-token prompt crosses it.
 - the engine's pieces: the layer-subset path equals the model's forward, tree rows equal sequential
   forwards across the window, compaction after a rejected branch equals a fresh prefill;
 - in fp32, every lossless method (drafter-free, early-exit/slim drafters, block diffusion with a
-  random drafter of the matching shape) gives AR's greedy tokens on a repetitive prompt (drafts
-  accepted) and a random one (drafts rejected); via_sd and spec_cascade complete; the DIMR cost runs;
+  random drafter of the matching shape) gives AR's greedy tokens on a repetitive prompt and a random
+  one, with drafts rejected; random models and drafters accept drafts only by chance, so accepted
+  drafts (the compaction that moves rows) are asserted where they occur on every architecture (ptd,
+  sd, sd_slim), and the compaction is tested directly; via_sd and spec_cascade complete; DIMR runs;
 - at T=1 every method samples on every architecture.
 """
 
@@ -25,6 +27,7 @@ ARCHS = sorted(ARCHITECTURES)
 HYBRID = ("gemma2", "gemma3", "qwen2")  # sliding and full layers mixed
 WINDOWED = (*HYBRID, "mistral")  # every model with sliding layers
 NEW_TOKENS = 24
+ACCEPTING = ("ptd", "sd", "sd_slim")  # accept drafts on the repetitive prompt on every (seeded) architecture
 
 
 @functools.cache
@@ -80,6 +83,45 @@ def test_layer_subset_path_over_all_layers_equals_the_models_forward(arch):
     torch.testing.assert_close(subset, full, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("layers", [(2, 3, 5), (0, 2, 3, 5)])
+@pytest.mark.parametrize("arch", WINDOWED)
+def test_a_layer_subset_drafter_across_the_window_equals_its_uncached_forward(arch, layers):
+    """A drafter made of some of the target's layers (its own cache): prefill, one-row passes as the
+    drafter loop makes them, a cut back, then a chain; every pass equals the same layers run over the
+    whole sequence without a cache."""
+    from decoding.target import TargetModel
+
+    model = arch_target(arch).model
+    seq = prompts()[1]
+    drafter, fresh = TargetModel(model, layers=layers), TargetModel(model, layers=layers)
+
+    def uncached(upto: int) -> torch.Tensor:  # logits of rows 0..upto-1 with no cache
+        fresh.reset()
+        return fresh._run_layers(torch.tensor(seq[:upto]), torch.arange(upto), None, (), False, fresh.layers).logits
+
+    drafter.prefill(seq[:10])
+    for i in range(10, 20):  # one row at a time, past the 8-token window
+        out = drafter.forward([seq[i]], [0]).logits[-1]
+        torch.testing.assert_close(out, uncached(i + 1)[-1], atol=1e-4, rtol=1e-4)
+    drafter.truncate(14)  # drop six rows, as a rejected draft does
+    out = drafter.forward(seq[14:22], list(range(8))).logits
+    torch.testing.assert_close(out, uncached(22)[14:], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("arch", WINDOWED)
+def test_a_slim_scratch_pass_leaves_every_cache_layer_as_it_was(arch):
+    """VIA-SD's slim verifier: a pass over some layers (`active_layers`) after a prefix longer than the
+    window only reads the cache: every layer, sliding ones included, keeps its keys and its count."""
+    target = arch_target(arch)
+    seq = prompts()[1]
+    target.prefill(seq[:16])
+    before = [(layer.keys.clone(), getattr(layer, "cumulative_length", None)) for layer in target.cache.layers]
+    target.forward(seq[16:22], list(range(6)), active_layers=(0, 2, 3, 5))
+    for (keys, count), layer in zip(before, target.cache.layers):
+        assert torch.equal(keys, layer.keys) and count == getattr(layer, "cumulative_length", None)
+    assert target.cache_len == 16
+
+
 @pytest.mark.parametrize("arch", WINDOWED)
 def test_tree_rows_equal_sequential_forwards_across_the_window(arch):
     """Deep branches (12 tokens > the 8-token window) after a prefix longer than the window: each
@@ -109,10 +151,12 @@ def test_keeping_a_non_contiguous_path_equals_a_fresh_prefill(arch):
     path = tree.path_to(len(tree) - 1)  # the second branch: rows 0, 5..10
     assert path != list(range(len(path)))
     target.keep_rows(len(prefix) - 1, path)
-    kept = [(layer.keys.clone(), layer.cumulative_length if layer.is_sliding else None) for layer in target.cache.layers]
+    kept = [(layer.keys.clone(), layer.values.clone(), layer.cumulative_length if layer.is_sliding else None)
+            for layer in target.cache.layers]
     target.prefill(prefix[:-1] + [tree.tokens[i] for i in path])
-    for (keys, count), layer in zip(kept, target.cache.layers):
+    for (keys, values, count), layer in zip(kept, target.cache.layers):
         torch.testing.assert_close(keys, layer.keys, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(values, layer.values, atol=1e-5, rtol=1e-5)
         assert count == (layer.cumulative_length if layer.is_sliding else None)
     sliding = [layer for layer in target.cache.layers if layer.is_sliding]
     assert sliding and all(layer.keys.shape[-2] == 7 for layer in sliding)  # window - 1 keys kept
@@ -128,6 +172,8 @@ def test_lossless_method_equals_ar_in_fp32_with_rejected_drafts(arch, name, fold
     assert [s.new_tokens for s in states] == ar_tokens(arch)
     random_prompt = states[1].stats
     assert random_prompt.num_draft_tokens > random_prompt.num_accepted_tokens  # drafts were rejected
+    if name in ACCEPTING:
+        assert states[0].stats.num_accepted_tokens > 0
 
 
 @pytest.mark.parametrize("name", ["via_sd", "spec_cascade"])

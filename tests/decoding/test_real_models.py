@@ -77,7 +77,7 @@ def test_shipped_smollm2_exit_head_is_lossless_and_drafts_better_than_the_plain_
 # Every method that needs no trained drafter, on Gemma 3 270M as `python -m pipeline model=gemma3-270m
 # method=M` runs it (fp32, so losslessness is exact): the task's prompt builder (the base model ships no
 # chat template: the builder's plain-prompt form), one HumanEval and one GSM8K prompt, past a rejected draft.
-DRAFTER_FREE = {"pld": ["method=pld"], "lookahead": ["method=lookahead"], "self_draft": ["method=self_draft"],
+NO_TRAINED_DRAFTER = {"pld": ["method=pld"], "lookahead": ["method=lookahead"], "self_draft": ["method=self_draft"],
                 "ptd": ["method=ptd"], "ptd_forest": ["method=ptd_forest"], "ptd_tuned": ["method=ptd_tuned"],
                 "sd": ["method=sd"], "sd_slim": ["method=sd", "drafter=slim"],  # masks/gemma3-270m-dimr.json
                 "spec_cascade": ["method=spec_cascade"], "via_sd": ["method=via_sd"]}
@@ -90,8 +90,8 @@ def gemma_outputs(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("task", ["humaneval", "gsm8k"])
-@pytest.mark.parametrize("name", sorted(DRAFTER_FREE))
-def test_every_drafter_free_method_runs_on_gemma3_and_lossless_ones_equal_ar(name, task, gemma_outputs):
+@pytest.mark.parametrize("name", sorted(NO_TRAINED_DRAFTER))
+def test_every_method_without_a_trained_drafter_runs_on_gemma3_and_lossless_ones_equal_ar(name, task, gemma_outputs):
     from hydra.core.global_hydra import GlobalHydra
 
     from pipeline.runner import run
@@ -100,7 +100,7 @@ def test_every_drafter_free_method_runs_on_gemma3_and_lossless_ones_equal_ar(nam
     with initialize_config_module(config_module="conf", version_base="1.3"):
         cfg = compose("config", overrides=[
             "model=gemma3-270m", "model.dtype=float32", f"task={task}", "task.limit=1", "max_new_tokens=32",
-            "tracker=none", f"outputs_root={gemma_outputs}", *DRAFTER_FREE[name]])
+            "tracker=none", f"outputs_root={gemma_outputs}", *NO_TRAINED_DRAFTER[name]])
     summary = run(cfg, gemma_outputs / f"{name}_{task}", show_progress=False)
     assert summary["num_prompts"] == 1 and summary["tokens_per_s"] > 0 and summary["dtype"] == "float32"
     if name in ("spec_cascade", "via_sd"):  # lossy: no match against AR

@@ -1,7 +1,8 @@
 """`python -m search -m worker=0,1 hydra/launcher=slurm`: Slurm array tasks working on one Optuna study
 (JournalStorage file) on a real single-node Slurm. Trial numbers are never duplicated, both workers
-contribute, and a worker killed in the middle of a trial and requeued resumes the study: its cut
-trial is marked failed and the study still reaches n_trials."""
+contribute, and a worker killed (aimed at the middle of a trial) and requeued resumes the study: a trial
+it left running is marked failed, none is lost, and the study still reaches n_trials. Whether the kill
+cut a trial or landed between two is a race on a loaded machine; the test checks either outcome."""
 
 import importlib.util
 import json
@@ -73,9 +74,11 @@ def test_two_slurm_workers_share_one_study_and_a_killed_worker_resumes(slurm_clu
         subprocess.run(["scancel", "--signal=KILL", job], env=slurm_cluster.env, check=True, timeout=30)
         wait_until(lambda: all(j != job or s not in ("RUNNING", "COMPLETING") for j, s in squeue(slurm_cluster)),
                    "the killed worker to stop")
-        # the trial the kill cut: the one worker 1 left RUNNING (the trial seen running above may have
-        # finished before the signal landed, on a loaded machine)
-        [cut] = [t for t in trials(journal) if t.state == TrialState.RUNNING and t.user_attrs.get("worker") == 1]
+        # the trial the kill cut: the one worker 1 left RUNNING. The trial seen running above may have
+        # finished before the signal landed (a loaded machine), and the kill may then land between two
+        # trials: both outcomes are legitimate, and each is checked below.
+        cut = [t.number for t in trials(journal) if t.state == TrialState.RUNNING and t.user_attrs.get("worker") == 1]
+        assert len(cut) <= 1, cut  # one worker runs one trial at a time
         subprocess.run(["scontrol", "requeue", job], env=slurm_cluster.env, check=True, timeout=30)
         wait_until(lambda: any(j == job and s == "PENDING" for j, s in squeue(slurm_cluster)), "the requeue")
         subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=slurm_cluster.env, check=True,
@@ -92,7 +95,7 @@ def test_two_slurm_workers_share_one_study_and_a_killed_worker_resumes(slurm_clu
     assert N_TRIALS <= len(finished) <= N_TRIALS + 1  # the other worker may finish the trial it is in
     assert {t.user_attrs["worker"] for t in finished} == {0, 1}
     assert not [t for t in ts if t.state == TrialState.RUNNING]
-    assert ts[cut.number].state == TrialState.FAIL  # the cut trial is failed on restart, not lost or left running
+    assert all(ts[n].state == TrialState.FAIL for n in cut)  # a cut trial is failed on restart, not lost or left running
     restarted = json.loads((tmp_path / "sweep" / "1" / "summary.json").read_text())
-    assert restarted["worker"] == 1 and restarted["recovered_stale_trials"] == 1
+    assert restarted["worker"] == 1 and restarted["recovered_stale_trials"] == len(cut)
     assert restarted["finished_trials"] >= N_TRIALS
