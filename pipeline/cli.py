@@ -12,8 +12,10 @@ from decoding.engine import ContextLimitError
 from pipeline.errors import ConfigError, one_line
 from pipeline.models import ModelLoadError
 from pipeline.tasks import TaskDataError
+from pipeline.tasks.sandbox import SandboxUnavailable
 
-USER_ERRORS = (ConfigError, ModelLoadError, TaskDataError, ContextLimitError, UnsupportedArchitecture)
+USER_ERRORS = (ConfigError, ModelLoadError, TaskDataError, ContextLimitError, UnsupportedArchitecture,
+               SandboxUnavailable)
 MAX_CHECKED_COMBINATIONS = 256
 
 

@@ -23,6 +23,8 @@ from pipeline.progress import RunProgress
 from pipeline.schema import RunConfig
 from pipeline.summary import add_tie_diagnosis, summarize
 from pipeline.tasks import load_examples
+from pipeline.tasks.sandbox import configure as configure_sandbox
+from pipeline.tasks.scoring import CODE_TASKS
 from pipeline.tracking import make_tracker
 
 log = logging.getLogger(__name__)
@@ -93,6 +95,9 @@ def run(cfg: DictConfig, run_dir: Path, show_progress: bool = True) -> dict:
     run_dir.mkdir(parents=True, exist_ok=True)
     _check_resume(cfg, run_dir)
 
+    sandbox = None
+    if rc.task.name in CODE_TASKS:  # generated code will run: check its isolation before generating
+        sandbox = configure_sandbox(rc.task.sandbox)
     examples = load_examples(rc.task)
     model, tokenizer = load_model(rc.model)
     target = TargetModel(model, tokenizer)
@@ -116,6 +121,7 @@ def run(cfg: DictConfig, run_dir: Path, show_progress: bool = True) -> dict:
         summary = summarize(rc, method, examples, rows, reference)
         summary["dtype"] = str(target.dtype).removeprefix("torch.")
         summary["chat_template_kwargs"] = dict(rc.model.chat_template_kwargs)
+        summary["sandbox"] = sandbox  # the isolation generated code ran under (None: the task runs no code)
         if "mismatched_ids" in summary:  # a lossless method at T=0: tell near-ties from real divergences
             add_tie_diagnosis(summary, diagnose_mismatches(target, rc.task, examples, rows, reference, settings)
                               if summary["mismatched_ids"] else [])

@@ -21,11 +21,15 @@ class TaskConfig:
     max_new_tokens: int = 256
     system_prompt: Optional[str] = None
     prompt_template: str = "{input}"  # how the user message is built from the example's main text
+    # isolation of generated code (HumanEval, MBPP): auto (bwrap where it starts, else refuse) | bwrap |
+    # unshare (not built yet) | unsafe (no OS isolation: disposable machines only); pipeline/tasks/sandbox.py
+    sandbox: str = "auto"
 
     def __post_init__(self) -> None:
         from pipeline.errors import check_choice, check_range
 
         check_choice("task.name", self.name, TASK_NAMES)
+        check_choice("task.sandbox", self.sandbox, ("auto", "bwrap", "unshare", "unsafe"))
         check_range("task.max_new_tokens", self.max_new_tokens, 1)
         if self.limit is not None:
             check_range("task.limit", self.limit, 1)

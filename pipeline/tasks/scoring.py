@@ -63,6 +63,9 @@ def mbpp_program(completion: str, reference: dict[str, Any]) -> str:
     return f"{reference.get('setup', '')}\n\n{extract_code(completion)}\n\n{tests}\n"
 
 
+CODE_TASKS = ("humaneval", "mbpp")  # tasks whose scoring executes generated code (in the sandbox)
+
+
 def _pass_at_1(program: str) -> dict[str, float]:
     return {"pass@1": float(run_program(program, DEFAULT_TIMEOUT_S).passed)}
 

@@ -46,6 +46,7 @@ def test_every_task_composes(task):
     ("temperature=-1", "temperature=-1.0 is out of range"),
     ("model.dtype=int8", "model.dtype='int8' is not allowed; choose one of: float32, bfloat16, float16, auto"),
     ("tracker.kind=mlflow", "tracker.kind='mlflow' is not allowed; choose one of: wandb, none"),
+    ("task.sandbox=docker", "task.sandbox='docker' is not allowed; choose one of: auto, bwrap, unshare, unsafe"),
 ])
 def test_bad_overrides_give_one_clear_line(override, expected):
     message = first_config_problem([override])

@@ -84,6 +84,15 @@ def test_wandb_offline_run_dir(tiny_model_dirs, tmp_path, monkeypatch):
     assert "tau" in table["columns"] and len(table["data"]) == 3
 
 
+def test_a_code_task_records_the_isolation_its_programs_ran_under(tiny_model_dirs, tmp_path):
+    summary = run(job_config(tiny_model_dirs["llama"], tmp_path, "method=ar", "task.limit=1"), tmp_path / "run",
+                  show_progress=False)
+    assert summary["sandbox"] == "bwrap"  # task.sandbox=auto, with bubblewrap installed (.ci/run)
+    gsm = run(job_config(tiny_model_dirs["llama"], tmp_path, "method=ar", "task=gsm8k", "task.limit=1"),
+              tmp_path / "run_gsm", show_progress=False)
+    assert gsm["sandbox"] is None  # no generated code runs
+
+
 def test_speculative_job_measures_against_a_reused_ar_reference(tiny_model_dirs, tmp_path):
     cfg = job_config(tiny_model_dirs["llama"], tmp_path, "method=pld")
     first = run(cfg, tmp_path / "run1", show_progress=False)

@@ -66,3 +66,133 @@ def test_main_guard_does_not_run():
 def test_destructive_calls_are_disabled():
     result = run_program("import os\nos.system('true')\n")
     assert not result.passed and "disabled in the sandbox" in result.detail
+
+
+# ---------------------------------------------------------------- OS isolation (bubblewrap)
+# Escape probes as a hostile program would write them, through ctypes where a Python-level patch
+# could be bypassed. Each must fail inside the sandbox and leave no trace outside it.
+import ctypes.util  # noqa: E402
+import socket  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+import pytest  # noqa: E402
+
+from pipeline.tasks import sandbox  # noqa: E402
+
+LIBC = "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+
+
+@pytest.fixture(autouse=False)
+def isolated():
+    assert sandbox.configure("auto") == "bwrap", "CI installs bubblewrap (.ci/run): the isolated path is the tested one"
+    yield
+    sandbox.configure("auto")
+
+
+@pytest.mark.parametrize("how", ["open", "os.open", "ctypes"])
+def test_writing_outside_the_program_folder_fails_and_leaves_nothing(how, tmp_path, isolated):
+    target = tmp_path / f"escaped_{how.replace('.', '_')}.txt"
+    program = {
+        "open": f"open({str(target)!r}, 'w').write('x')\n",
+        "os.open": f"import os\nos.open({str(target)!r}, os.O_CREAT | os.O_WRONLY, 0o644)\n",
+        "ctypes": LIBC + f"fd = libc.open({str(target).encode()!r}, os.O_CREAT | os.O_WRONLY, 0o644)\n"
+                         "assert fd >= 0, ctypes.get_errno()\n",
+    }[how]
+    assert not sandbox.run_program(program).passed
+    assert not target.exists()
+    for shared in ("/tmp", "/dev/shm"):  # nor anywhere writable by everyone
+        assert not sandbox.run_program(LIBC + f"fd = libc.open(b'{shared}/specdec_escape', os.O_CREAT | os.O_WRONLY, "
+                                              "0o644)\nassert fd >= 0\n").passed
+        assert not os.path.exists(f"{shared}/specdec_escape")
+
+
+def test_a_tcp_connection_through_ctypes_to_a_local_listener_fails(isolated):
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    listener.settimeout(1.0)  # bounded: the test stops by itself
+    port = listener.getsockname()[1]
+    program = LIBC + (
+        "import struct\n"
+        "fd = libc.socket(2, 1, 0)\n"  # AF_INET, SOCK_STREAM
+        f"addr = struct.pack('<HH4s8x', 2, {socket.htons(port)}, bytes([127, 0, 0, 1]))\n"
+        "assert libc.connect(fd, addr, len(addr)) == 0, ctypes.get_errno()\n")
+    try:
+        result = sandbox.run_program(program)
+        with pytest.raises(socket.timeout):
+            listener.accept()
+    finally:
+        listener.close()
+    assert result.reason == "failed"  # connect() returned an error inside the sandbox
+
+
+def test_killing_another_process_of_the_same_user_through_ctypes_fails(isolated):
+    victim = subprocess.Popen(["sleep", "60"])
+    try:
+        result = sandbox.run_program(LIBC + f"assert libc.kill({victim.pid}, 9) == 0, ctypes.get_errno()\n")
+        assert result.reason == "failed"
+        assert victim.poll() is None  # still alive
+    finally:
+        victim.kill()
+        victim.wait()
+
+
+def test_the_results_of_a_run_in_progress_are_not_reachable(tmp_path, isolated):
+    results = tmp_path / "outputs" / "runs" / "results.jsonl"
+    results.parent.mkdir(parents=True)
+    results.write_text('{"id": "HumanEval/0", "outputs": ["secret"]}\n')
+    for program in (f"print(open({str(results)!r}).read())\n",
+                    LIBC + f"assert libc.open({str(results).encode()!r}, os.O_RDONLY) >= 0\n",
+                    f"import os\nassert os.path.exists({str(sandbox.__file__)!r})\n"):  # nor the project
+        assert not sandbox.run_program(program).passed
+    assert results.read_text().endswith('"secret"]}\n')
+
+
+def _sleepers(marker: str) -> list[str]:
+    found = []
+    for pid in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                if marker.encode() in fh.read():
+                    found.append(pid)
+        except OSError:
+            continue
+    return found
+
+
+def test_processes_the_program_spawns_die_with_it(isolated):
+    marker = "37.125"
+    program = LIBC + (
+        "if libc.fork() == 0:\n"
+        f"    libc.execl(b'/usr/bin/sleep', b'sleep', b'{marker}', None)\n"
+        "import time\ntime.sleep(0.3)\n")  # the child is running when the program ends
+    assert sandbox.run_program(program).passed
+    assert _sleepers(marker) == []
+
+
+def test_a_correct_humaneval_solution_passes_isolated(isolated):
+    from pipeline.tasks.scoring import SCORERS
+
+    reference = {"prompt": "def add(a, b):\n", "test": "def check(f):\n    assert f(2, 3) == 5\n", "entry_point": "add"}
+    assert SCORERS["humaneval"]("    return a + b\n", reference) == {"pass@1": 1.0}
+    assert SCORERS["humaneval"]("    return a - b\n", reference) == {"pass@1": 0.0}
+
+
+def test_without_bwrap_auto_refuses_with_one_line_and_unsafe_is_an_explicit_opt_in(monkeypatch):
+    monkeypatch.setattr(sandbox._shutil, "which", lambda name: None)
+    sandbox._bwrap_problem.cache_clear()
+    try:
+        for requested in ("auto", "bwrap"):
+            with pytest.raises(sandbox.SandboxUnavailable) as info:
+                sandbox.configure(requested)
+            message = str(info.value)
+            assert "\n" not in message and "apt install bubblewrap" in message and "task.sandbox=unsafe" in message
+        assert sandbox.configure("unsafe") == "unsafe"
+        assert sandbox.run_program("assert 1 + 1 == 2\n").passed  # the old limits-only path still works
+        with pytest.raises(sandbox.SandboxUnavailable, match="unshare is not built yet"):
+            sandbox.configure("unshare")
+    finally:
+        monkeypatch.undo()
+        sandbox._bwrap_problem.cache_clear()
+        sandbox.configure("auto")

@@ -1,0 +1,16 @@
+"""benchmarks/bench_sandbox.py runs both isolations on the same program and prints the overhead last."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_bench_sandbox_prints_both_isolations_and_the_overhead():
+    proc = subprocess.run([sys.executable, "benchmarks/bench_sandbox.py", "--runs", "2"], cwd=PROJECT_ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.strip().splitlines()
+    assert lines[0].startswith("unsafe ") and lines[1].startswith("bwrap ")
+    assert lines[-1].startswith("isolation overhead: ") and lines[-1].endswith(" ms/program (bwrap - unsafe, medians)")
