@@ -1,6 +1,7 @@
-"""What isolation costs per generated program: the same programs run unisolated (`unsafe`, the limits
-only) and under bubblewrap, interleaved (unsafe, bwrap, unsafe, ...) so the machine's drift hits both;
-prints the median wall time of each and the difference per program.
+"""What isolation costs per generated program: the same program run unisolated (`unsafe`, the limits
+only), under bubblewrap and under the unshare tier (those that start here), interleaved (unsafe, bwrap,
+unshare, unsafe, ...) so the machine's drift hits all; prints the median wall time of each and, last,
+each tier's difference to unsafe per program.
 
     python benchmarks/bench_sandbox.py --runs 40
 """
@@ -34,7 +35,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=40, help="programs per isolation")
     args = ap.parse_args()
-    times: dict[str, list[float]] = {"unsafe": [], "bwrap": []}
+    times: dict[str, list[float]] = {"unsafe": []}
+    for tier in ("bwrap", "unshare"):
+        try:
+            sandbox.configure(tier)
+            times[tier] = []
+        except sandbox.SandboxUnavailable as err:
+            print(f"{tier}: skipped ({err})")
     for _ in range(args.runs):
         for isolation in times:
             sandbox.configure(isolation)
@@ -46,7 +53,8 @@ def main() -> None:
     median = {k: statistics.median(v) * 1e3 for k, v in times.items()}
     for isolation, ms in median.items():
         print(f"{isolation:7s} median {ms:7.1f} ms/program over {args.runs} programs")
-    print(f"isolation overhead: {median['bwrap'] - median['unsafe']:.1f} ms/program (bwrap - unsafe, medians)")
+    overheads = ", ".join(f"{k} {median[k] - median['unsafe']:+.1f}" for k in median if k != "unsafe")
+    print(f"isolation overhead: {overheads} ms/program (minus unsafe, medians)")
 
 
 if __name__ == "__main__":

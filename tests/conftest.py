@@ -39,7 +39,7 @@ def build_tiny_model(arch: str, vocab_size: int, seed: int = 0, layers: int = 4,
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
 
     common = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
                   initializer_range=init_range, eos_token_id=2, bos_token_id=1, pad_token_id=0,
                   tie_word_embeddings=False)
     config = LlamaConfig(**common) if arch == "llama" else Qwen3Config(head_dim=16, **common)

@@ -8,9 +8,12 @@ Generated code is never executed in this process. Isolation (`task.sandbox`), ch
   is remounted read-only, so a write anywhere else fails, whatever API makes it: `open`, `os.open`,
   `ctypes`), new network (no interface up), PID (no other process is visible or signalable), IPC,
   UTS and user namespaces, all capabilities dropped, killed with its parent, its own session;
+- `unshare` (root only; `auto` picks it where bwrap cannot start): new network, mount, PID, IPC and
+  UTS namespaces; a read-only tmpfs root with read-only binds of the system and the Python
+  installation and a writable bind of the work dir; chroot, then uid/gid 65534 with no capabilities;
 - `unsafe`: no OS isolation, only the limits below; named so, and never chosen by `auto`.
-  Where bwrap cannot start, `auto` and `bwrap` refuse with one line saying why and how to install it.
-  (`unshare`, the issue's second tier, is not built: it is refused with one line too.)
+  Where no tier can start, `auto` (or the tier asked for) refuses with one line saying why and how
+  to install bubblewrap.
 
 Inside either: a fresh temp dir as cwd, `python -I` (no user site, no PYTHON* env), a minimal
 environment whose proxies point at a dead port, rlimits (address space, CPU, file size, no core
@@ -144,6 +147,40 @@ def _bwrap_command(workdir: str) -> list[str]:
     return cmd
 
 
+# The `unshare` tier (root only): new network, mount, PID, IPC and UTS namespaces; in the new mount
+# namespace a read-only tmpfs root holding read-only binds of the system and the Python installation
+# and a writable bind of the work dir; then chroot and drop to uid/gid 65534 with no capabilities.
+UNSHARE_SCRIPT = r"""
+set -eu
+export PATH=/usr/sbin:/usr/bin:/sbin:/bin
+work="$1"; root="$2"; shift 2
+mount --make-rprivate /
+mount -t tmpfs -o mode=755 sandbox "$root"
+for dir in /usr /bin /sbin /lib /lib32 /lib64 $SANDBOX_PREFIXES; do
+    if [ -L "$dir" ]; then mkdir -p "$root$(dirname "$dir")"; ln -s "$(readlink "$dir")" "$root$dir"
+    elif [ -d "$dir" ]; then mkdir -p "$root$dir"; mount --rbind "$dir" "$root$dir"; mount -o remount,bind,ro "$root$dir"
+    fi
+done
+mkdir -p "$root/dev" "$root/proc" "$root$work"
+for node in null zero random urandom; do touch "$root/dev/$node"; mount --bind "/dev/$node" "$root/dev/$node"; done
+mount -t proc proc "$root/proc"
+mount --bind "$work" "$root$work"
+mount -o remount,ro,bind "$root"
+unset SANDBOX_PREFIXES
+exec chroot "$root" setpriv --reuid=65534 --regid=65534 --clear-groups --inh-caps=-all --bounding-set=-all \
+    sh -c 'cd "$0" && exec "$@"' "$work" "$@"
+"""
+
+
+def _unshare_command(workdir: str, root: str) -> list[str]:
+    return ["unshare", "--net", "--mount", "--pid", "--ipc", "--uts", "--fork", "--kill-child", "--",
+            "sh", "-c", UNSHARE_SCRIPT, "unshare-sandbox", workdir, root]
+
+
+def _prefixes() -> str:
+    return " ".join(p for p in dict.fromkeys((sys.base_prefix, sys.prefix)) if not p.startswith("/usr"))
+
+
 def _python() -> str:
     return os.path.realpath(sys.executable)  # a venv's symlink may live in a folder the sandbox hides
 
@@ -165,20 +202,69 @@ def _bwrap_problem() -> str | None:
     return None
 
 
+def _run_isolated(isolation: str, workdir: str, command: list[str], **popen) -> subprocess.Popen:
+    """Start `command` in `workdir` under `isolation` (the work dir becomes writable by the sandbox's uid)."""
+    if isolation == "bwrap":
+        return subprocess.Popen([*_bwrap_command(workdir), *command], **popen)
+    if isolation == "unshare":
+        os.chmod(workdir, 0o777)  # the program runs as uid 65534
+        root = tempfile.mkdtemp(prefix="specdec-sandbox-root-")  # its mount point, empty on the host side
+        env = {**popen.pop("env", os.environ), "SANDBOX_PREFIXES": _prefixes()}
+        proc = subprocess.Popen([*_unshare_command(workdir, root), *command], env=env, **popen)
+        proc.sandbox_root = root
+        return proc
+    return subprocess.Popen(command, **popen)
+
+
+def _cleanup(proc: subprocess.Popen) -> None:
+    root = getattr(proc, "sandbox_root", None)
+    if root is not None:
+        try:
+            os.rmdir(root)
+        except OSError:
+            pass
+
+
+@functools.cache
+def _unshare_problem() -> str | None:
+    """Why the unshare tier cannot run a program here, or None when it can (probed once per process)."""
+    if os.geteuid() != 0:
+        return "the unshare tier needs root (unprivileged users: install bubblewrap)"
+    missing = [tool for tool in ("unshare", "setpriv", "chroot", "mount") if _shutil.which(tool, path=_SYSTEM_PATH) is None]
+    if missing:
+        return f"{', '.join(missing)} not found (util-linux, coreutils)"
+    with tempfile.TemporaryDirectory(prefix="specdec-sandbox-probe-") as workdir:
+        try:
+            proc = _run_isolated("unshare", workdir, [_python(), "-I", "-c", "pass"], stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                 env={"PATH": _SYSTEM_PATH})
+            _, err = proc.communicate(timeout=30)
+            _cleanup(proc)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return f"unshare did not start ({exc})"
+    if proc.returncode != 0:
+        return f"unshare cannot start here ({(err.strip().splitlines() or [f'exit code {proc.returncode}'])[-1]})"
+    return None
+
+
+_SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+
+
 def resolve_isolation(requested: str = "auto") -> str:
-    """The isolation generated code will run under for `task.sandbox=requested`: bwrap or unsafe."""
+    """The isolation generated code will run under for `task.sandbox=requested`: bwrap, unshare or unsafe."""
     if requested not in ISOLATIONS:
         raise SandboxUnavailable(f"task.sandbox={requested} is not an option; choose one of: {', '.join(ISOLATIONS)}")
     if requested == "unsafe":
         return "unsafe"
-    if requested == "unshare":
-        raise SandboxUnavailable("task.sandbox=unshare is not built yet; use task.sandbox=bwrap (install bubblewrap) "
-                                 "or, on a disposable machine, task.sandbox=unsafe")
-    problem = _bwrap_problem()
-    if problem is None:
-        return "bwrap"
-    hint = "install bubblewrap, or opt in to unisolated execution of generated code with task.sandbox=unsafe"
-    raise SandboxUnavailable(f"task.sandbox={requested}: cannot isolate generated code: {problem}; {hint}")
+    hint = "install bubblewrap (apt install bubblewrap), or opt in to unisolated execution with task.sandbox=unsafe"
+    problems = []
+    for tier, probe in (("bwrap", _bwrap_problem), ("unshare", _unshare_problem)):
+        if requested in ("auto", tier):
+            problem = probe()
+            if problem is None:
+                return tier
+            problems.append(problem)
+    raise SandboxUnavailable(f"task.sandbox={requested}: cannot isolate generated code: {'; '.join(problems)}; {hint}")
 
 
 def configure(requested: str) -> str:
@@ -203,11 +289,8 @@ def run_program(source: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> SandboxRes
         stderr_path = work / "stderr.txt"
         # output goes to files, not pipes: a chatty program cannot fill our memory or block on a pipe
         with open(work / "stdout.txt", "wb") as out, open(stderr_path, "wb") as err:
-            command = [_python(), "-I", BOOT_FILE]
-            if isolation == "bwrap":
-                command = [*_bwrap_command(workdir), *command]
-            proc = subprocess.Popen(
-                command,
+            proc = _run_isolated(
+                isolation, workdir, [_python(), "-I", BOOT_FILE],
                 cwd=workdir,
                 env=_env(workdir),
                 stdin=subprocess.DEVNULL,
@@ -224,6 +307,7 @@ def run_program(source: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> SandboxRes
                 return SandboxResult(False, "timeout", f"no exit within {timeout_s:g} s")
             finally:
                 _kill_group(proc)  # also reaps anything the program left running in the background
+                _cleanup(proc)
         detail = _last_line(stderr_path)
     if code == 0:
         return SandboxResult(True, "passed")

@@ -78,7 +78,7 @@ def peaked_target(vocab_size, seed=0, successors=3, damp=0.1):
 
     hidden = 64
     config = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
                          tie_word_embeddings=False)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()

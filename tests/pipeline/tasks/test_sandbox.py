@@ -83,11 +83,16 @@ from pipeline.tasks import sandbox  # noqa: E402
 LIBC = "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
 
 
-@pytest.fixture(autouse=False)
-def isolated():
-    assert sandbox.configure("auto") == "bwrap", "CI installs bubblewrap (.ci/run): the isolated path is the tested one"
-    yield
+@pytest.fixture(params=["bwrap", "unshare"])
+def isolated(request):
+    """Each probe under both isolation tiers (CI installs bubblewrap, .ci/run, and runs as root)."""
+    assert sandbox.configure(request.param) == request.param
+    yield request.param
     sandbox.configure("auto")
+
+
+def test_auto_picks_bubblewrap_first():
+    assert sandbox.configure("auto") == "bwrap"
 
 
 @pytest.mark.parametrize("how", ["open", "os.open", "ctypes"])
@@ -179,20 +184,20 @@ def test_a_correct_humaneval_solution_passes_isolated(isolated):
     assert SCORERS["humaneval"]("    return a - b\n", reference) == {"pass@1": 0.0}
 
 
-def test_without_bwrap_auto_refuses_with_one_line_and_unsafe_is_an_explicit_opt_in(monkeypatch):
-    monkeypatch.setattr(sandbox._shutil, "which", lambda name: None)
+def test_without_either_tier_auto_refuses_with_one_line_and_unsafe_is_an_explicit_opt_in(monkeypatch):
+    monkeypatch.setattr(sandbox._shutil, "which", lambda name, path=None: None)
     sandbox._bwrap_problem.cache_clear()
+    sandbox._unshare_problem.cache_clear()
     try:
-        for requested in ("auto", "bwrap"):
+        for requested in ("auto", "bwrap", "unshare"):
             with pytest.raises(sandbox.SandboxUnavailable) as info:
                 sandbox.configure(requested)
             message = str(info.value)
             assert "\n" not in message and "apt install bubblewrap" in message and "task.sandbox=unsafe" in message
         assert sandbox.configure("unsafe") == "unsafe"
         assert sandbox.run_program("assert 1 + 1 == 2\n").passed  # the old limits-only path still works
-        with pytest.raises(sandbox.SandboxUnavailable, match="unshare is not built yet"):
-            sandbox.configure("unshare")
     finally:
         monkeypatch.undo()
         sandbox._bwrap_problem.cache_clear()
+        sandbox._unshare_problem.cache_clear()
         sandbox.configure("auto")
