@@ -6,19 +6,24 @@ Generated code is never executed in this process. Isolation (`task.sandbox`), ch
   (/usr, the Python installation, the dynamic loader's cache) and nothing else of the machine (no
   project, no home, no run outputs), its temp folder as the only writable path (the sandbox's root
   is remounted read-only, so a write anywhere else fails, whatever API makes it: `open`, `os.open`,
-  `ctypes`), new network (no interface up), PID (no other process is visible or signalable), IPC,
-  UTS and user namespaces, all capabilities dropped, killed with its parent, its own session;
+  `ctypes`; /proc and /dev read-only too), new network (no interface up), PID (no other process is
+  visible or signalable), IPC and UTS namespaces, killed with its parent, its own session;
 - `unshare` (root only; `auto` picks it where bwrap cannot start): new network, mount, PID, IPC and
-  UTS namespaces; a read-only tmpfs root with read-only binds of the system and the Python
-  installation and a writable bind of the work dir; chroot, then uid/gid 65534 with no capabilities;
+  UTS namespaces; a read-only tmpfs root with read-only nosuid binds of the system and the Python
+  installation, a read-only /proc/sys and a writable bind of the work dir; chroot.
+
+In both, the program runs as uid/gid 65534 with no capabilities and no_new_privs (setpriv): as the
+host's uid 0, even without capabilities, it would still pass the kernel's root checks (e.g. writing
+/proc/sys). The work dir is handed to that uid (root's group keeps access for the tools).
 - `unsafe`: no OS isolation, only the limits below; named so, and never chosen by `auto`.
   Where no tier can start, `auto` (or the tier asked for) refuses with one line saying why and how
   to install bubblewrap.
 
-Inside either: a fresh temp dir as cwd, `python -I` (no user site, no PYTHON* env), a minimal
+Inside every tier: a fresh temp dir as cwd, `python -I` (no user site, no PYTHON* env), a minimal
 environment whose proxies point at a dead port, rlimits (address space, CPU, file size, no core
 dumps), stdin closed, a session of its own so the whole process group is killed on timeout, output
-to files, and a boot prelude that makes sockets raise OSError and turns the destructive
+to files read back through our own descriptor (the program may replace their names), the work dir
+removed even when too deep for rmtree, and a boot prelude that makes sockets raise OSError and turns the destructive
 os/shutil/subprocess calls into errors (a courtesy for honest programs; the isolation is the OS's).
 RLIMIT_NPROC is not set: it counts every process of the user (root in containers), so a low value
 would break unrelated work.
@@ -128,9 +133,28 @@ class SandboxUnavailable(RuntimeError):
     """The requested isolation cannot run here (one line for the user)."""
 
 
+SANDBOX_UID = 65534  # nobody: the program never runs as the host's root
+
+
+def _drop_privileges() -> list[str]:
+    """setpriv: uid/gid 65534, no groups, no capabilities, no_new_privs (setuid binaries stay unprivileged)."""
+    return ["setpriv", f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_UID}", "--clear-groups", "--inh-caps=-all",
+            "--bounding-set=-all", "--no-new-privs", "--"]
+
+
+def _system_prefixes() -> list[str]:
+    """The Python installation's folders outside /usr (pyenv, conda): bound read-only into the sandbox."""
+    return [p for p in dict.fromkeys(os.path.realpath(q) for q in (sys.base_prefix, sys.prefix))
+            if not Path(p).is_relative_to("/usr") and Path(_python()).is_relative_to(p)]
+
+
 def _bwrap_command(workdir: str) -> list[str]:
-    """bwrap's arguments: a read-only system, the work dir the only writable path, no network, own PID ns."""
-    cmd = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+    """bwrap's arguments: a read-only system, the work dir the only writable path, no network, own PID
+    ns; the program itself then drops to uid 65534 (as real root, a uid-0 program would still be the
+    host's root to the kernel, e.g. for /proc/sys, whatever its capabilities)."""
+    cmd = ["bwrap", "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
+           "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add",
+           "CAP_SETGID", "--cap-add", "CAP_SETPCAP",  # only for setpriv, which drops them all
            "--ro-bind", "/usr", "/usr", "--dev", "/dev", "--proc", "/proc"]
     for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64"):
         if os.path.islink(top):  # merged-/usr systems: /lib -> usr/lib
@@ -139,11 +163,14 @@ def _bwrap_command(workdir: str) -> list[str]:
             cmd += ["--ro-bind", top, top]
     if os.path.exists("/etc/ld.so.cache"):
         cmd += ["--ro-bind", "/etc/ld.so.cache", "/etc/ld.so.cache"]
-    for prefix in dict.fromkeys((sys.base_prefix, sys.prefix)):  # the Python installation (pyenv, conda, venv)
-        if not prefix.startswith("/usr"):
-            cmd += ["--ro-bind", prefix, prefix]
-    # the root and /dev (its shm folder) read-only: only the work dir takes writes
-    cmd += ["--bind", workdir, workdir, "--chdir", workdir, "--remount-ro", "/dev", "--remount-ro", "/"]
+    for path in [*_system_prefixes(), workdir]:  # folders bwrap creates are 0700: let uid 65534 through
+        for parent in reversed(Path(path).parents[:-1]):
+            cmd += ["--perms", "0755", "--dir", str(parent)]
+    for prefix in _system_prefixes():
+        cmd += ["--ro-bind", prefix, prefix]
+    # the root, /dev (its shm folder) and /proc (/proc/sys) read-only: only the work dir takes writes
+    cmd += ["--bind", workdir, workdir, "--chdir", workdir, "--remount-ro", "/proc", "--remount-ro", "/dev",
+            "--remount-ro", "/", *_drop_privileges()]
     return cmd
 
 
@@ -151,34 +178,40 @@ def _bwrap_command(workdir: str) -> list[str]:
 # namespace a read-only tmpfs root holding read-only binds of the system and the Python installation
 # and a writable bind of the work dir; then chroot and drop to uid/gid 65534 with no capabilities.
 UNSHARE_SCRIPT = r"""
-set -eu
+set -euf
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin
-work="$1"; root="$2"; shift 2
+work="$1"; root="$2"; prefixes="$3"; shift 3
 mount --make-rprivate /
-mount -t tmpfs -o mode=755 sandbox "$root"
-for dir in /usr /bin /sbin /lib /lib32 /lib64 $SANDBOX_PREFIXES; do
+mount -t tmpfs -o mode=755,nosuid,nodev sandbox "$root"
+readonly_bind() { mount --bind "$1" "$2"; mount -o remount,bind,ro,nosuid,nodev "$2"; }
+dirs="/usr:/bin:/sbin:/lib:/lib32:/lib64:$prefixes"
+IFS=':'
+for dir in $dirs; do
     if [ -L "$dir" ]; then mkdir -p "$root$(dirname "$dir")"; ln -s "$(readlink "$dir")" "$root$dir"
-    elif [ -d "$dir" ]; then mkdir -p "$root$dir"; mount --rbind "$dir" "$root$dir"; mount -o remount,bind,ro "$root$dir"
+    elif [ -d "$dir" ]; then mkdir -p "$root$dir"; readonly_bind "$dir" "$root$dir"
     fi
 done
+unset IFS
 mkdir -p "$root/dev" "$root/proc" "$root$work"
-for node in null zero random urandom; do touch "$root/dev/$node"; mount --bind "/dev/$node" "$root/dev/$node"; done
-mount -t proc proc "$root/proc"
+for node in null zero random urandom; do
+    touch "$root/dev/$node"; mount --bind "/dev/$node" "$root/dev/$node"
+    mount -o remount,bind,ro,nosuid "$root/dev/$node"
+done
+mount -t proc -o nosuid,nodev,noexec proc "$root/proc"
+readonly_bind "$root/proc/sys" "$root/proc/sys"
 mount --bind "$work" "$root$work"
+mount -o remount,bind,nosuid,nodev "$root$work"
 mount -o remount,ro,bind "$root"
-unset SANDBOX_PREFIXES
-exec chroot "$root" setpriv --reuid=65534 --regid=65534 --clear-groups --inh-caps=-all --bounding-set=-all \
-    sh -c 'cd "$0" && exec "$@"' "$work" "$@"
+# no exec: this shell stays the namespace's first process, in the host's process group, so killing
+# that group on a timeout ends the namespace and everything in it (the program may setsid)
+chroot "$root" setpriv --reuid=65534 --regid=65534 --clear-groups --inh-caps=-all --bounding-set=-all \
+    --no-new-privs -- sh -c 'cd "$0" && exec "$@"' "$work" "$@"
 """
 
 
 def _unshare_command(workdir: str, root: str) -> list[str]:
     return ["unshare", "--net", "--mount", "--pid", "--ipc", "--uts", "--fork", "--kill-child", "--",
-            "sh", "-c", UNSHARE_SCRIPT, "unshare-sandbox", workdir, root]
-
-
-def _prefixes() -> str:
-    return " ".join(p for p in dict.fromkeys((sys.base_prefix, sys.prefix)) if not p.startswith("/usr"))
+            "sh", "-c", UNSHARE_SCRIPT, "unshare-sandbox", workdir, root, ":".join(_system_prefixes())]
 
 
 def _python() -> str:
@@ -202,15 +235,22 @@ def _bwrap_problem() -> str | None:
     return None
 
 
+def _hand_over(workdir: str) -> None:
+    """The work dir becomes the program's (uid 65534) and stays reachable by root's group only (the
+    isolation tools run as root without capabilities, so they need the group bits), no one else's."""
+    os.chown(workdir, SANDBOX_UID, 0)
+    os.chmod(workdir, 0o770)
+
+
 def _run_isolated(isolation: str, workdir: str, command: list[str], **popen) -> subprocess.Popen:
     """Start `command` in `workdir` under `isolation` (the work dir becomes writable by the sandbox's uid)."""
     if isolation == "bwrap":
+        _hand_over(workdir)
         return subprocess.Popen([*_bwrap_command(workdir), *command], **popen)
     if isolation == "unshare":
-        os.chmod(workdir, 0o777)  # the program runs as uid 65534
+        _hand_over(workdir)
         root = tempfile.mkdtemp(prefix="specdec-sandbox-root-")  # its mount point, empty on the host side
-        env = {**popen.pop("env", os.environ), "SANDBOX_PREFIXES": _prefixes()}
-        proc = subprocess.Popen([*_unshare_command(workdir, root), *command], env=env, **popen)
+        proc = subprocess.Popen([*_unshare_command(workdir, root), *command], **popen)
         proc.sandbox_root = root
         return proc
     return subprocess.Popen(command, **popen)
@@ -279,16 +319,34 @@ def active_isolation() -> str:
     return resolve_isolation(_requested)
 
 
+def _remove(workdir: str) -> None:
+    """Remove the work dir whatever the program left there (a tree too deep for rmtree's recursion too)."""
+    try:
+        _shutil.rmtree(workdir)
+    except Exception:  # noqa: BLE001 - RecursionError on a deep tree is not an OSError
+        subprocess.run(["rm", "-rf", "--one-file-system", workdir], capture_output=True, timeout=60)
+
+
+def _last_line(fh) -> str:
+    """The last line of the stderr we opened (read from our descriptor: the program may have replaced the
+    file's name by a symlink or a FIFO)."""
+    fh.flush()
+    size = os.fstat(fh.fileno()).st_size
+    fh.seek(max(0, size - 4096))
+    lines = fh.read(4096).decode("utf-8", "replace").strip().splitlines()
+    return lines[-1][:300] if lines else ""
+
+
 def run_program(source: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> SandboxResult:
     """Execute `source` as a script in the sandbox; passed means it exited 0 within `timeout_s`."""
     isolation = active_isolation()
-    with tempfile.TemporaryDirectory(prefix="specdec-sandbox-", ignore_cleanup_errors=True) as workdir:
+    workdir = tempfile.mkdtemp(prefix="specdec-sandbox-")
+    try:
         work = Path(workdir)
         (work / PROGRAM_FILE).write_text(source, encoding="utf-8")
         (work / BOOT_FILE).write_text(BOOT, encoding="utf-8")
-        stderr_path = work / "stderr.txt"
         # output goes to files, not pipes: a chatty program cannot fill our memory or block on a pipe
-        with open(work / "stdout.txt", "wb") as out, open(stderr_path, "wb") as err:
+        with open(work / "stdout.txt", "wb") as out, open(work / "stderr.txt", "w+b") as err:
             proc = _run_isolated(
                 isolation, workdir, [_python(), "-I", BOOT_FILE],
                 cwd=workdir,
@@ -308,7 +366,11 @@ def run_program(source: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> SandboxRes
             finally:
                 _kill_group(proc)  # also reaps anything the program left running in the background
                 _cleanup(proc)
-        detail = _last_line(stderr_path)
+            detail = _last_line(err)
+    finally:
+        _remove(workdir)
+    if isolation == "unshare" and code > 128:  # the namespace's shell reports a signal as 128 + its number
+        code = 128 - code
     if code == 0:
         return SandboxResult(True, "passed")
     if code == -signal.SIGXCPU:

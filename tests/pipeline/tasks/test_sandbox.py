@@ -201,3 +201,36 @@ def test_without_either_tier_auto_refuses_with_one_line_and_unsafe_is_an_explici
         sandbox._bwrap_problem.cache_clear()
         sandbox._unshare_problem.cache_clear()
         sandbox.configure("auto")
+
+
+def test_the_program_is_unprivileged_and_cannot_write_kernel_settings(isolated):
+    status = "open('/proc/self/status').read()"
+    assert sandbox.run_program(f"import os\nassert os.getuid() == os.geteuid() == 65534\n"
+                               f"assert {status}.split('NoNewPrivs:')[1].split()[0] == '1'\n"
+                               f"assert {status}.split('CapEff:')[1].split()[0] == '0' * 16\n").passed
+    assert not sandbox.run_program(LIBC + "fd = libc.open(b'/proc/sys/kernel/core_pattern', os.O_WRONLY)\n"
+                                          "assert fd >= 0, ctypes.get_errno()\n").passed
+
+
+def test_a_program_that_leaves_its_session_does_not_outlive_its_timeout(isolated):
+    marker = "41.375"
+    program = LIBC + f"libc.setsid()\nif libc.fork() == 0:\n    libc.setsid()\n" \
+                     f"libc.execl(b'/usr/bin/sleep', b'sleep', b'{marker}', None)\n"
+    assert sandbox.run_program(program, timeout_s=1).reason == "timeout"
+    assert _sleepers(marker) == []
+
+
+def test_a_stderr_replaced_by_a_symlink_is_not_followed(isolated):
+    program = LIBC + ("libc.unlink(b'stderr.txt')\n"
+                      f"libc.symlink({str(sandbox.__file__).encode()!r}, b'stderr.txt')\n"
+                      "import sys\nsys.stderr.write('AssertionError: mine\\n')\nraise SystemExit(1)\n")
+    result = sandbox.run_program(program)
+    # what the program wrote last (the boot's exit line), not the last line of the symlink's target
+    assert result.detail.startswith("SystemExit: the program exited (1)")
+
+
+def test_a_directory_tree_too_deep_for_rmtree_is_still_cleaned_up(isolated):
+    before = {p for p in os.listdir("/tmp") if p.startswith("specdec-sandbox-")}
+    result = sandbox.run_program("import os\nfor _ in range(1200):\n    os.mkdir('d')\n    os.chdir('d')\n")
+    assert result.passed
+    assert {p for p in os.listdir("/tmp") if p.startswith("specdec-sandbox-")} <= before
