@@ -12,9 +12,11 @@ Generated code is never executed in this process. Isolation (`task.sandbox`), ch
   UTS namespaces; a read-only tmpfs root with read-only nosuid binds of the system and the Python
   installation, a read-only /proc/sys and a writable bind of the work dir; chroot.
 
-In both, the program runs as uid/gid 65534 with no capabilities and no_new_privs (setpriv): as the
-host's uid 0, even without capabilities, it would still pass the kernel's root checks (e.g. writing
-/proc/sys). The work dir is handed to that uid (root's group keeps access for the tools).
+Run as root, both make the program uid/gid 65534 with no capabilities and no_new_privs (setpriv): as
+the host's uid 0, even without capabilities, it would still pass the kernel's root checks (e.g.
+writing /proc/sys). The work dir is handed to that uid (root's group keeps access for the tools). An
+unprivileged user's program keeps that user's uid inside bwrap's user namespace (checked by hand
+as uid 65534 with the system Python; the suite runs as root, as these machines do).
 - `unsafe`: no OS isolation, only the limits below; named so, and never chosen by `auto`.
   Where no tier can start, `auto` (or the tier asked for) refuses with one line saying why and how
   to install bubblewrap.
@@ -152,10 +154,14 @@ def _bwrap_command(workdir: str) -> list[str]:
     """bwrap's arguments: a read-only system, the work dir the only writable path, no network, own PID
     ns; the program itself then drops to uid 65534 (as real root, a uid-0 program would still be the
     host's root to the kernel, e.g. for /proc/sys, whatever its capabilities)."""
+    as_root = os.geteuid() == 0
     cmd = ["bwrap", "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
-           "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add",
-           "CAP_SETGID", "--cap-add", "CAP_SETPCAP",  # only for setpriv, which drops them all
-           "--ro-bind", "/usr", "/usr", "--dev", "/dev", "--proc", "/proc"]
+           "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+    if as_root:  # only for setpriv, which drops them all
+        cmd += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP"]
+    else:  # an unprivileged user: bwrap's user namespace; the program keeps that user's uid, never root's
+        cmd += ["--unshare-user"]
+    cmd += ["--ro-bind", "/usr", "/usr", "--dev", "/dev", "--proc", "/proc"]
     for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64"):
         if os.path.islink(top):  # merged-/usr systems: /lib -> usr/lib
             cmd += ["--symlink", os.readlink(top), top]
@@ -170,7 +176,7 @@ def _bwrap_command(workdir: str) -> list[str]:
         cmd += ["--ro-bind", prefix, prefix]
     # the root, /dev (its shm folder) and /proc (/proc/sys) read-only: only the work dir takes writes
     cmd += ["--bind", workdir, workdir, "--chdir", workdir, "--remount-ro", "/proc", "--remount-ro", "/dev",
-            "--remount-ro", "/", *_drop_privileges()]
+            "--remount-ro", "/", *(_drop_privileges() if as_root else [])]
     return cmd
 
 
@@ -238,6 +244,8 @@ def _bwrap_problem() -> str | None:
 def _hand_over(workdir: str) -> None:
     """The work dir becomes the program's (uid 65534) and stays reachable by root's group only (the
     isolation tools run as root without capabilities, so they need the group bits), no one else's."""
+    if os.geteuid() != 0:  # an unprivileged user's program runs as that user: its own 0700 dir is right
+        return
     os.chown(workdir, SANDBOX_UID, 0)
     os.chmod(workdir, 0o770)
 
