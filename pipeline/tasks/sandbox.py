@@ -10,23 +10,23 @@ Generated code is never executed in this process. Isolation (`task.sandbox`), ch
   visible or signalable), IPC and UTS namespaces, killed with its parent, its own session;
 - `unshare` (root only; `auto` picks it where bwrap cannot start): new network, mount, PID, IPC and
   UTS namespaces; a read-only tmpfs root with read-only nosuid binds of the system and the Python
-  installation, a read-only /proc/sys and a writable bind of the work dir; chroot.
+  installation, a read-only /proc/sys and a writable bind of the work dir; chroot;
+- `unsafe`: no OS isolation, only the limits below; named so, and never chosen by `auto`.
+  Where no tier can start, `auto` (or the tier asked for) refuses with one line saying why and how
+  to install bubblewrap.
 
-Run as root, both make the program uid/gid 65534 with no capabilities and no_new_privs (setpriv): as
+Run as root, both isolating tiers make the program uid/gid 65534 with no capabilities and no_new_privs (setpriv): as
 the host's uid 0, even without capabilities, it would still pass the kernel's root checks (e.g.
 writing /proc/sys). The work dir is handed to that uid (root's group keeps access for the tools). An
 unprivileged user's program keeps that user's uid inside bwrap's user namespace (checked by hand
 as uid 65534 with the system Python; the suite runs as root, as these machines do).
-- `unsafe`: no OS isolation, only the limits below; named so, and never chosen by `auto`.
-  Where no tier can start, `auto` (or the tier asked for) refuses with one line saying why and how
-  to install bubblewrap.
 
 Inside every tier: a fresh temp dir as cwd, `python -I` (no user site, no PYTHON* env), a minimal
 environment whose proxies point at a dead port, rlimits (address space, CPU, file size, no core
 dumps), stdin closed, a session of its own so the whole process group is killed on timeout, output
 to files read back through our own descriptor (the program may replace their names), the work dir
-removed even when too deep for rmtree, and a boot prelude that makes sockets raise OSError and turns the destructive
-os/shutil/subprocess calls into errors (a courtesy for honest programs; the isolation is the OS's).
+removed even when too deep for rmtree, and a boot prelude that makes sockets raise OSError and
+turns the destructive os/shutil/subprocess calls into errors (a courtesy for honest programs; the isolation is the OS's).
 RLIMIT_NPROC is not set: it counts every process of the user (root in containers), so a low value
 would break unrelated work.
 """
