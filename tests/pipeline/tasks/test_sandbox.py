@@ -166,6 +166,19 @@ def _sleepers(marker: str) -> list[str]:
     return found
 
 
+def _gone(marker: str, within_s: float = 10.0) -> bool:
+    """No process with `marker` left, waiting (bounded) for the kernel to tear the PID namespace down:
+    its processes are killed when its first process dies, which happens just after our kill returns."""
+    import time
+
+    deadline = time.monotonic() + within_s
+    while _sleepers(marker):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 def test_processes_the_program_spawns_die_with_it(isolated):
     marker = "37.125"
     program = LIBC + (
@@ -173,7 +186,7 @@ def test_processes_the_program_spawns_die_with_it(isolated):
         f"    libc.execl(b'/usr/bin/sleep', b'sleep', b'{marker}', None)\n"
         "import time\ntime.sleep(0.3)\n")  # the child is running when the program ends
     assert sandbox.run_program(program).passed
-    assert _sleepers(marker) == []
+    assert _gone(marker)
 
 
 def test_a_correct_humaneval_solution_passes_isolated(isolated):
@@ -217,7 +230,7 @@ def test_a_program_that_leaves_its_session_does_not_outlive_its_timeout(isolated
     program = LIBC + f"libc.setsid()\nif libc.fork() == 0:\n    libc.setsid()\n" \
                      f"libc.execl(b'/usr/bin/sleep', b'sleep', b'{marker}', None)\n"
     assert sandbox.run_program(program, timeout_s=1).reason == "timeout"
-    assert _sleepers(marker) == []
+    assert _gone(marker)
 
 
 def test_a_stderr_replaced_by_a_symlink_is_not_followed(isolated):
