@@ -224,21 +224,35 @@ def _python() -> str:
     return os.path.realpath(sys.executable)  # a venv's symlink may live in a folder the sandbox hides
 
 
+_SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def _start_problem(isolation: str) -> str | None:
+    """Start `python -I -c pass` under `isolation` exactly as a program starts; None when it ran, else
+    the last line it printed."""
+    with tempfile.TemporaryDirectory(prefix="specdec-sandbox-probe-") as workdir:
+        try:
+            proc = _run_isolated(isolation, workdir, [_python(), "-I", "-c", "pass"], cwd=workdir,
+                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True, env={"PATH": _SYSTEM_PATH})
+            try:
+                _, err = proc.communicate(timeout=30)
+            finally:
+                _cleanup(proc)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return f"{isolation} did not start ({exc})"
+    if proc.returncode == 0:
+        return None
+    return (err.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
+
+
 @functools.cache
 def _bwrap_problem() -> str | None:
     """Why bwrap cannot run a program here, or None when it can (probed once per process)."""
     if _shutil.which("bwrap") is None:
         return "bwrap is not installed (Debian/Ubuntu: apt install bubblewrap)"
-    with tempfile.TemporaryDirectory(prefix="specdec-sandbox-probe-") as workdir:
-        try:
-            proc = subprocess.run([*_bwrap_command(workdir), _python(), "-I", "-c", "pass"], capture_output=True,
-                                  text=True, timeout=30, stdin=subprocess.DEVNULL)
-        except (OSError, subprocess.TimeoutExpired) as err:
-            return f"bwrap did not start ({err})"
-    if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
-        return f"bwrap cannot start here ({last}; user namespaces may be disabled)"
-    return None
+    problem = _start_problem("bwrap")
+    return None if problem is None else f"bwrap cannot start here ({problem}; user namespaces may be disabled)"
 
 
 def _hand_over(workdir: str) -> None:
@@ -281,21 +295,8 @@ def _unshare_problem() -> str | None:
     missing = [tool for tool in ("unshare", "setpriv", "chroot", "mount") if _shutil.which(tool, path=_SYSTEM_PATH) is None]
     if missing:
         return f"{', '.join(missing)} not found (util-linux, coreutils)"
-    with tempfile.TemporaryDirectory(prefix="specdec-sandbox-probe-") as workdir:
-        try:
-            proc = _run_isolated("unshare", workdir, [_python(), "-I", "-c", "pass"], stdin=subprocess.DEVNULL,
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                 env={"PATH": _SYSTEM_PATH})
-            _, err = proc.communicate(timeout=30)
-            _cleanup(proc)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            return f"unshare did not start ({exc})"
-    if proc.returncode != 0:
-        return f"unshare cannot start here ({(err.strip().splitlines() or [f'exit code {proc.returncode}'])[-1]})"
-    return None
-
-
-_SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+    problem = _start_problem("unshare")
+    return None if problem is None else f"unshare cannot start here ({problem})"
 
 
 def resolve_isolation(requested: str = "auto") -> str:
