@@ -1,5 +1,5 @@
 """How far a multi-row verify forward moves the logits from AR's one-row step, in the model's dtype: the
-evidence behind the near-tie tolerance of decoding/ties.py.
+evidence behind the near-tie tolerance of decoding/engine/ties.py.
 
 On AR's own greedy continuations of a few prompts, every `--rows`-row chain forward (a verification block
 that accepts everything) is compared, row by row, with the one-row forwards AR makes at the same
@@ -18,10 +18,10 @@ from pathlib import Path
 
 import torch
 
-from decoding.ar import AR
-from decoding.engine import generate
-from decoding.target import TargetModel
-from decoding.ties import tolerance
+from decoding.methods.ar import AR
+from decoding.engine.loop import generate
+from decoding.engine.target import TargetModel
+from decoding.engine.ties import tolerance
 from pipeline.models import load_model
 from pipeline.tasks import build_chat, load_examples
 

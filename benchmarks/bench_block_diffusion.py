@@ -5,7 +5,7 @@ CondAdaptive on MT-Bench, GSM8K and HumanEval at T = 0, 0.5, 1.0.
 AR and every method run back to back on each prompt (interleaved), so a slow patch of a shared
 machine hits all of them alike; speedup = method tokens/s / AR tokens/s over the same prompts.
 MT-Bench turn 2 follows each method's own turn-1 answer (identical to AR's at T = 0). At T = 0 every
-mismatch with AR is diagnosed (decoding/ties.py): `ties` (numeric near-ties of AR's logits) and
+mismatch with AR is diagnosed (decoding/engine/ties.py): `ties` (numeric near-ties of AR's logits) and
 `diverged` (not). `--dtype` defaults to the model config's (`auto`: bf16 on a CPU with native bf16).
 
     python benchmarks/bench_block_diffusion.py [--prompts 2] [--max-new-tokens 64] [--threads 2]
@@ -22,10 +22,10 @@ from pathlib import Path
 import torch
 from hydra.utils import get_class
 
-from decoding.ar import AR
-from decoding.engine import generate
-from decoding.metrics import GenerationStats
-from decoding.target import TargetModel
+from decoding.methods.ar import AR
+from decoding.engine.loop import generate
+from decoding.engine.metrics import GenerationStats
+from decoding.engine.target import TargetModel
 from pipeline.generation import GenerationSettings, diagnose_mismatches, generate_example
 from pipeline.models import load_model, stop_token_ids
 from pipeline.schema import register_configs

@@ -18,12 +18,12 @@ import torch
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
-from decoding.ar import AR, ARConfig
-from decoding.drafter import DrafterConfig
-from decoding.sd import SDConfig, SpeculativeDecoding
-from decoding.spec_cascade import SpecCascadeConfig, SpeculativeCascade
-from decoding.target import TargetModel
-from decoding.via_sd import VIASD, VIASDConfig
+from decoding.methods.ar import AR, ARConfig
+from decoding.drafting.drafter import DrafterConfig
+from decoding.methods.sd import SDConfig, SpeculativeDecoding
+from decoding.methods.spec_cascade import SpecCascadeConfig, SpeculativeCascade
+from decoding.engine.target import TargetModel
+from decoding.methods.via_sd import VIASD, VIASDConfig
 from pipeline.generation import GenerationSettings, generate_example
 from pipeline.models import load_model, stop_token_ids
 from pipeline.schema import register_configs

@@ -7,7 +7,7 @@ Rows are appended to <out>/<task>.jsonl as each generation finishes: rerunning t
 resumes. Prints, per task and method: tau, decoding efficiency (DE), rows per forward, redundancy
 of the drafted branches (share of duplicated bigrams), tokens/s, speedup vs AR, match rate vs AR
 (greedy) with the tie diagnosis of every mismatch (ties: the first difference is a numeric near-tie
-of AR's logits, decoding/ties.py; diverged: it is not) and task quality. `--dtype` defaults to the
+of AR's logits, decoding/engine/ties.py; diverged: it is not) and task quality. `--dtype` defaults to the
 model config's (`auto`: bf16 on a CPU with native bf16).
 
     python benchmarks/bench_endogenous.py --tasks gsm8k --limit 10 --max-new-tokens 64     # smoke
@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from hydra.utils import get_class
 
-from decoding.target import TargetModel
+from decoding.engine.target import TargetModel
 from pipeline.generation import GenerationSettings, append_result, generate_example, read_results, warm_up
 from pipeline.models import load_model, stop_token_ids
 from pipeline.schema import register_configs

@@ -18,9 +18,9 @@ import torch
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
-from decoding.ar import AR
-from decoding.engine import generate
-from decoding.target import TargetModel
+from decoding.methods.ar import AR
+from decoding.engine.loop import generate
+from decoding.engine.target import TargetModel
 from pipeline.models import load_model, stop_token_ids
 from pipeline.schema import register_configs
 from pipeline.tasks import build_chat, load_examples

@@ -33,10 +33,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_engine import load  # noqa: E402
 
-from decoding.ar import AR  # noqa: E402
-from decoding.engine import generate  # noqa: E402
-from decoding.lookahead import Lookahead, LookaheadConfig  # noqa: E402
-from decoding.target import TargetModel  # noqa: E402
+from decoding.methods.ar import AR  # noqa: E402
+from decoding.engine.loop import generate  # noqa: E402
+from decoding.methods.lookahead import Lookahead, LookaheadConfig  # noqa: E402
+from decoding.engine.target import TargetModel  # noqa: E402
 from pipeline.models import cache_root  # noqa: E402
 
 

@@ -3,7 +3,7 @@
 On one GPU (default shape: Qwen3-1.7B's, random weights; a few minutes):
 1. every method (pipeline/zoo.py METHODS) at T=0 and T=1 on a few prompts: no crash, tokens/s,
    τ, host ms per step (wall minus network forwards), and at T=0 the tie diagnosis of every
-   mismatch with AR (decoding/ties.py): a lossless method may leave AR only at near-ties;
+   mismatch with AR (decoding/engine/ties.py): a lossless method may leave AR only at near-ties;
 2. DominoTree's fast builder (device tables; on CUDA the per-node step is a CUDA graph) against the
    reference builder on the drafts of a real run: equal trees, and each builder's ms per tree;
 3. the forward-cost curve: ms of one forward of n rows (n = 1 .. 1024) on a 512-token cache.
@@ -30,9 +30,9 @@ from pathlib import Path
 
 import torch
 
-from decoding.domino_scorer import FastScorer, ReferenceScorer
-from decoding.draft_tree import build_best_first
-from decoding.ties import diagnose
+from decoding.drafting.domino_scorer import FastScorer, ReferenceScorer
+from decoding.drafting.draft_tree import build_best_first
+from decoding.engine.ties import diagnose
 from pipeline.errors import one_line
 from pipeline.summary import tie_counts
 from pipeline.zoo import METHODS, build_method, host_overhead, mixed_prompts, random_target
@@ -85,7 +85,7 @@ def compare_builders(target, folder, shape, prompt_ids, max_new_tokens) -> dict:
         return draft
 
     method.draft_pass = recording
-    from decoding.engine import generate
+    from decoding.engine.loop import generate
 
     for p in prompt_ids:
         generate(method, target, p, max_new_tokens=max_new_tokens)

@@ -1,5 +1,5 @@
 """The margins behind the near-tie diagnosis of a finished bench_endogenous run: for every prompt where a
-method's greedy output differs from AR's, AR's logit margin at the first difference (decoding/ties.py),
+method's greedy output differs from AR's, AR's logit margin at the first difference (decoding/engine/ties.py),
 summarised over all methods and tasks: min / median / max, the tolerance range, and how often the
 recomputed AR logits prefer the method's token.
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from decoding.target import TargetModel
+from decoding.engine.target import TargetModel
 from pipeline.generation import GenerationSettings, diagnose_mismatches
 from pipeline.models import load_model
 from pipeline.tasks import load_examples

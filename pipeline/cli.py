@@ -7,8 +7,8 @@ import re
 import sys
 from contextlib import contextmanager
 
-from decoding.attention_layout import UnsupportedArchitecture
-from decoding.engine import ContextLimitError
+from decoding.engine.attention_layout import UnsupportedArchitecture
+from decoding.engine.loop import ContextLimitError
 from pipeline.errors import ConfigError, one_line
 from pipeline.models import ModelLoadError
 from pipeline.tasks import TaskDataError

@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from decoding.engine import Method, generate
-from decoding.metrics import GenerationStats
-from decoding.target import TargetModel
+from decoding.engine.loop import Method, generate
+from decoding.engine.metrics import GenerationStats
+from decoding.engine.target import TargetModel
 from pipeline.tasks import Example, build_chat, score_example
 
 
@@ -114,9 +114,9 @@ def diagnose_mismatches(target: TargetModel, task_cfg, examples: list[Example], 
                         reference: list[dict], settings: GenerationSettings) -> list[dict]:
     """For every example whose greedy output differs from the AR reference: the first turn and
     position that differ and whether AR's logit margin there is a numeric near-tie
-    (decoding/ties.py). Earlier turns are equal, so the differing turn's prompt is rebuilt from
+    (decoding/engine/ties.py). Earlier turns are equal, so the differing turn's prompt is rebuilt from
     AR's own answers."""
-    from decoding.ties import diagnose
+    from decoding.engine.ties import diagnose
 
     by_id = {ex.id: ex for ex in examples}
     ref = {r["id"]: r for r in reference}

@@ -15,8 +15,8 @@ import torch
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
-from decoding.engine import Method
-from decoding.target import TargetModel
+from decoding.engine.loop import Method
+from decoding.engine.target import TargetModel
 from pipeline.generation import GenerationSettings, diagnose_mismatches, read_results, run_examples
 from pipeline.models import load_model, stop_token_ids
 from pipeline.progress import RunProgress
@@ -73,7 +73,7 @@ def file_lock(path: Path):
 
 
 def run_reference(cfg: RunConfig, target, examples, settings, run_dir: Path, show_progress: bool) -> list[dict]:
-    from decoding.ar import AR, ARConfig
+    from decoding.methods.ar import AR, ARConfig
 
     digest, payload = reference_fingerprint(cfg, settings)
     ref_dir = (Path(cfg.outputs_root) / "ar_reference" / digest) if cfg.reference.reuse else run_dir / "ar_reference"

@@ -9,7 +9,7 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from decoding.drafter import DrafterConfig
+from decoding.drafting.drafter import DrafterConfig
 from pipeline.errors import check_choice, check_range
 from pipeline.models import ModelConfig
 from pipeline.tasks.base import TaskConfig

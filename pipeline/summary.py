@@ -26,14 +26,14 @@ def totals(rows: list[dict]) -> dict:
     out["tokens_per_s"] = out["new_tokens"] / out["wall_s"] if out["wall_s"] else 0.0
     out["tau"] = (out["num_accepted_tokens"] + steps) / steps if steps else 0.0
     cost = out["target_forward_cost"]
-    out["decoding_efficiency"] = out["new_tokens"] / cost if cost else 0.0  # cost-weighted (decoding/metrics.py)
+    out["decoding_efficiency"] = out["new_tokens"] / cost if cost else 0.0  # cost-weighted (decoding/engine/metrics.py)
     # acceptance rate per draft position: accepted at depth d / steps that drafted (vLLM's view)
     out["acceptance_per_pos"] = [v / out["num_drafts"] for v in per_pos] if out["num_drafts"] else []
     # share of drafted tokens that did not end up in the output (VIA-SD's headline comparison)
     drafted = out["num_draft_tokens"]
     out["rejection_rate"] = 1 - out["num_accepted_tokens"] / drafted if drafted else None
     # share of drafted bigrams another branch of the same step also drafted (methods that draft
-    # several branches log it per step: decoding.ngram_pool.record_redundancy)
+    # several branches log it per step: decoding.drafting.ngram_pool.record_redundancy)
     bigrams = extra.get("draft_bigrams", 0)
     out["draft_redundancy"] = extra.get("draft_bigrams_duplicated", 0) / bigrams if bigrams else None
     return out

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from decoding.target import TargetModel
+from decoding.engine.target import TargetModel
 
 SHAPES = {
     # name: (config fields every architecture takes, drafter fields)
@@ -95,7 +95,7 @@ def random_target(shape: str = "tiny", dtype=torch.float32, device="cpu", seed: 
 
 def save_random_drafters(target: TargetModel, folder: Path, shape: str = "tiny", seed: int = 0) -> dict[str, str]:
     """{"dflash": dir, "domino": dir} with random drafters for `target`, saved in its dtype."""
-    from decoding.dflash_drafter import DFlashDrafter, DrafterSpec, default_target_layer_ids, save_drafter
+    from decoding.drafting.dflash_drafter import DFlashDrafter, DrafterSpec, default_target_layer_ids, save_drafter
 
     _, d = SHAPES[shape]
     cfg = target.config
@@ -129,8 +129,8 @@ def build_method(name: str, target: TargetModel, folder: Path, shape: str = "tin
     from hydra.utils import get_class
 
     from decoding import method_configs
-    from decoding.drafter import DrafterConfig
-    from decoding.routing import save_mask
+    from decoding.drafting.drafter import DrafterConfig
+    from decoding.drafting.routing import save_mask
 
     folder = Path(folder)
     layers = target.num_layers
@@ -209,7 +209,7 @@ class ForwardTimer:
         return timed
 
     def __enter__(self) -> "ForwardTimer":
-        from decoding.dflash_drafter import DFlashDrafter
+        from decoding.drafting.dflash_drafter import DFlashDrafter
 
         self._saved = (TargetModel._run, DFlashDrafter.forward)
         TargetModel._run = self.wrap(TargetModel._run)
@@ -217,7 +217,7 @@ class ForwardTimer:
         return self
 
     def __exit__(self, *exc) -> None:
-        from decoding.dflash_drafter import DFlashDrafter
+        from decoding.drafting.dflash_drafter import DFlashDrafter
 
         TargetModel._run, DFlashDrafter.forward = self._saved
 
@@ -226,7 +226,7 @@ def host_overhead(method, target: TargetModel, prompts: list[list[int]], max_new
                   temperature: float = 0.0, seed: int = 0) -> dict:
     """Per decoding step: total time, time in network forwards and host time (total - forwards), in
     ms, over `prompts` (the first step and the prefill are excluded). Clock: ForwardTimer's."""
-    from decoding.engine import generate
+    from decoding.engine.loop import generate
 
     generate(method, target, prompts[0], max_new_tokens=min(8, max_new_tokens), temperature=temperature)  # warm-up
     wall = fwd = 0.0

@@ -31,7 +31,7 @@ Cost (`objective`):
 
 Known masks (`known_masks`: every other inner layer, the deepest k inner layers, or explicit
 layer lists) are enqueued as the study's first trials. The study, samplers, storage, resume and
-workers are search/study.py's. `export` writes masks/<export_name>.json (decoding/routing.py's
+workers are search/study.py's. `export` writes masks/<export_name>.json (decoding/drafting/routing.py's
 format), which `method=via_sd` and `drafter=slim` load by name, with the search's wall time, the
 best-so-far cost curve and the known masks' costs, read from the study's trials.
 """
@@ -46,7 +46,7 @@ from typing import Any, Optional
 
 import torch
 
-from decoding.routing import MASK_DIR, kept_layers, save_mask
+from decoding.drafting.routing import MASK_DIR, kept_layers, save_mask
 from pipeline.errors import ConfigError, check_choice, check_range
 
 log = logging.getLogger(__name__)
@@ -106,8 +106,8 @@ class Context:
 
 def calibration_sequences(target, tokenizer, num_prompts: int, new_tokens: int, eval_limit: int = 100,
                           subset_seed: int = 0, template_kwargs=None) -> tuple[list[list[int]], list[str]]:
-    from decoding.ar import AR
-    from decoding.engine import generate
+    from decoding.methods.ar import AR
+    from decoding.engine.loop import generate
     from pipeline.tasks import TaskConfig, build_chat, load_examples
 
     evaluated = {ex.id for ex in load_examples(TaskConfig(name="gsm8k", limit=eval_limit, shuffle=True,
@@ -127,7 +127,7 @@ class MaskCost:
     With a `drafter` (objective=between; a TargetModel, e.g. an early exit): KL(p || q_z) + KL(q_z || q)."""
 
     def __init__(self, target, sequences: list[list[int]], drafter=None):
-        from decoding.target import TargetModel
+        from decoding.engine.target import TargetModel
 
         self.model, self.sequences = target.model, sequences
         self.num_layers = target.num_layers
@@ -142,7 +142,7 @@ class MaskCost:
         return torch.log_softmax(out.logits, -1)
 
     def __call__(self, skip) -> float:
-        from decoding.target import TargetModel
+        from decoding.engine.target import TargetModel
 
         key = tuple(sorted(skip))
         if key not in self.cache:
@@ -215,7 +215,7 @@ def directions(cfg: DIMRObjectiveConfig) -> list[str]:
 def prepare(cfg) -> Context:
     import time
 
-    from decoding.target import TargetModel
+    from decoding.engine.target import TargetModel
     from pipeline.models import load_model
 
     obj = cfg.objective
@@ -235,7 +235,7 @@ def prepare(cfg) -> Context:
                               f"[{obj.min_skip}, {obj.max_skip}]: allowed skip counts are {counts}")
     drafter = None  # p of objective=between, built (and its exit head loaded) before the calibration
     if obj.objective == "between":
-        from decoding.exit_head import load_exit_head
+        from decoding.drafting.exit_head import load_exit_head
 
         if obj.drafter_exit_layer >= L:
             raise ConfigError(f"objective.drafter_exit_layer={obj.drafter_exit_layer}: model {cfg.model.name} "
@@ -260,7 +260,7 @@ def prepare(cfg) -> Context:
 
 def settings(cfg: DIMRObjectiveConfig) -> dict:
     """The fields a trial's cost depends on (search/study.py refuses to resume a study with others)."""
-    from decoding.exit_head import head_folder
+    from decoding.drafting.exit_head import head_folder
 
     out = {k: getattr(cfg, k) for k in ("encoding", "objective", "calibration_prompts", "calibration_tokens",
                                         "eval_limit", "eval_subset_seed")}
@@ -327,7 +327,7 @@ def pick(study, obj: DIMRObjectiveConfig, best):
 
 
 def export(trial, ctx: Optional[Context], cfg) -> Path:
-    """Write the chosen mask where decoding/routing.py loads it by name (masks/<export_name>.json)."""
+    """Write the chosen mask where decoding/drafting/routing.py loads it by name (masks/<export_name>.json)."""
     import optuna
 
     from search.study import finished, make_storage

@@ -144,9 +144,9 @@ def relative_cost(curve: dict[int, float], rows: int) -> float:
 
 
 def prepare(cfg) -> Context:
-    from decoding.ar import AR
-    from decoding.engine import generate
-    from decoding.target import TargetModel
+    from decoding.methods.ar import AR
+    from decoding.engine.loop import generate
+    from decoding.engine.target import TargetModel
     from pipeline.models import load_model, stop_token_ids
     from pipeline.tasks import build_chat
 
@@ -166,7 +166,7 @@ def prepare(cfg) -> Context:
 
 
 def ptd_config(params: dict, fixed: dict):
-    from decoding.ptd import PTDConfig
+    from decoding.methods.ptd import PTDConfig
 
     return PTDConfig(**{**fixed, **params})
 
@@ -174,9 +174,9 @@ def ptd_config(params: dict, fixed: dict):
 def objective(trial, ctx: Context) -> float:
     import optuna
 
-    from decoding.ar import AR
-    from decoding.engine import generate
-    from decoding.ptd import PTD
+    from decoding.methods.ar import AR
+    from decoding.engine.loop import generate
+    from decoding.methods.ptd import PTD
     from search.study import suggest
 
     obj = ctx.cfg

@@ -64,7 +64,7 @@ def tiny_model_dirs(tmp_path_factory) -> dict[str, Path]:
 def tiny_target(request, tiny_model_dirs):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from decoding.target import TargetModel
+    from decoding.engine.target import TargetModel
 
     path = tiny_model_dirs[request.param]
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
@@ -75,7 +75,7 @@ def tiny_target(request, tiny_model_dirs):
 def tiny_llama(tiny_model_dirs):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from decoding.target import TargetModel
+    from decoding.engine.target import TargetModel
 
     path = tiny_model_dirs["llama"]
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
@@ -102,7 +102,7 @@ def slurm_cluster(tmp_path_factory):
 def tiny_drafter():
     """make(vocab=60, domino=False, layers=1, seed=0) -> a random DFlash (or Domino, published
     shift_label semantics) drafter with hidden 32, fed by target layers [0, 2], block size 5."""
-    from decoding.dflash_drafter import DFlashDrafter, DrafterSpec
+    from decoding.drafting.dflash_drafter import DFlashDrafter, DrafterSpec
 
     def make(vocab=60, domino=False, layers=1, seed=0, hidden=32, heads=4, kv_heads=2, block_size=5):
         spec = DrafterSpec(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
@@ -122,8 +122,8 @@ def tiny_drafter():
 
 @pytest.fixture
 def random_exit_head():
-    """Factory: a tuned-lens exit head (decoding/exit_head.py) with random, non-zero weights."""
-    from decoding.exit_head import ExitTranslator
+    """Factory: a tuned-lens exit head (decoding/drafting/exit_head.py) with random, non-zero weights."""
+    from decoding.drafting.exit_head import ExitTranslator
 
     def make(hidden: int, seed: int = 0) -> ExitTranslator:
         head = ExitTranslator(hidden)

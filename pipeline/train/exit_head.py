@@ -1,4 +1,4 @@
-"""Training of the early-exit drafter's exit head (decoding/exit_head.py): a tuned-lens translator
+"""Training of the early-exit drafter's exit head (decoding/drafting/exit_head.py): a tuned-lens translator
 on the residual stream after the first `exit_layer` decoder layers, distilled from the full target.
 
 Data: the same answer shards as the block drafters (pipeline/train/data.py; the target's greedy
@@ -24,10 +24,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from decoding.exit_head import ExitTranslator, save_exit_head
+from decoding.drafting.exit_head import ExitTranslator, save_exit_head
 from pipeline.errors import ConfigError
 from pipeline.models import load_model
-from decoding.target import soft_cap
+from decoding.engine.target import soft_cap
 from pipeline.train.config import TrainConfig
 from pipeline.train.trainer import (learning_rate, make_wandb, progress_bar, resume_state, save_state,
                                     training_samples)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from decoding.domino_head import correction
+from decoding.drafting.domino_head import correction
 
 
 @dataclass

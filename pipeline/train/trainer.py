@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from decoding.dflash_drafter import DFlashDrafter, DrafterSpec, load_drafter, save_drafter
+from decoding.drafting.dflash_drafter import DFlashDrafter, DrafterSpec, load_drafter, save_drafter
 from pipeline.models import load_model, stop_token_ids
 from pipeline.train.config import TrainConfig
 from pipeline.train.data import build_dataset, load_samples

@@ -91,7 +91,7 @@ def test_a_bad_value_in_an_experiment_grid_is_one_line_before_anything_runs(tmp_
 
 def missing_offline_asset(experiment: str, method: str) -> str | None:
     """A method's shipped asset that is not in this tree yet: a trained drafter folder or a routing mask."""
-    from decoding.routing import mask_path
+    from decoding.drafting.routing import mask_path
 
     root = Path(__file__).resolve().parents[2]
     with initialize_config_module(config_module="conf", version_base="1.3"):

@@ -18,9 +18,9 @@ import functools
 import pytest
 import torch
 
-from decoding.ar import AR
-from decoding.engine import generate
-from decoding.tree import TokenTree
+from decoding.methods.ar import AR
+from decoding.engine.loop import generate
+from decoding.engine.tree import TokenTree
 from pipeline.zoo import ARCHITECTURES, LOSSLESS, METHODS, build_method, mixed_prompts, random_target
 
 ARCHS = sorted(ARCHITECTURES)
@@ -89,7 +89,7 @@ def test_a_layer_subset_drafter_across_the_window_equals_its_uncached_forward(ar
     """A drafter made of some of the target's layers (its own cache): prefill, one-row passes as the
     drafter loop makes them, a cut back, then a chain; every pass equals the same layers run over the
     whole sequence without a cache."""
-    from decoding.target import TargetModel
+    from decoding.engine.target import TargetModel
 
     model = arch_target(arch).model
     seq = prompts()[1]
@@ -208,7 +208,7 @@ def test_every_method_samples_at_t1(arch, name, folders, monkeypatch):
 
 
 def test_past_max_position_embeddings_is_one_line_error():
-    from decoding.engine import ContextLimitError
+    from decoding.engine.loop import ContextLimitError
 
     target = arch_target("gemma3")
     with pytest.raises(ContextLimitError, match="4096-token context") as info:
@@ -219,7 +219,7 @@ def test_past_max_position_embeddings_is_one_line_error():
 def test_a_layer_type_the_engine_does_not_handle_is_refused_with_one_line():
     from transformers import Qwen3Config
 
-    from decoding.attention_layout import AttentionLayout, UnsupportedArchitecture
+    from decoding.engine.attention_layout import AttentionLayout, UnsupportedArchitecture
     from pipeline.cli import USER_ERRORS
 
     config = Qwen3Config(num_hidden_layers=2, layer_types=["full_attention", "linear_attention"])

@@ -4,7 +4,7 @@ sync on a GPU), and the engine's cache and prefill paths do no whole-cache or wh
 import pytest
 import torch
 
-from decoding.engine import generate
+from decoding.engine.loop import generate
 
 READS = ("tolist", "item", "__int__", "__float__", "__bool__", "__index__", "cpu", "numpy")
 
@@ -76,7 +76,7 @@ def test_prefill_computes_logits_for_the_last_row_only_even_with_hidden_taps(tin
 
 
 def test_keep_rows_compacts_in_place_without_copying_a_layer(tiny_llama):
-    from decoding.tree import TokenTree
+    from decoding.engine.tree import TokenTree
 
     target = tiny_llama
     target.prefill(list(range(10, 40)))
@@ -88,7 +88,7 @@ def test_keep_rows_compacts_in_place_without_copying_a_layer(tiny_llama):
 
 
 def test_the_ptd_pool_walks_a_trie_only_to_evict(monkeypatch):
-    from decoding.ptd_tree import TriePool
+    from decoding.drafting.ptd_tree import TriePool
 
     walks = []
     real = TriePool.branches

@@ -6,11 +6,11 @@ import torch
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
-from decoding.ar import AR
-from decoding.engine import generate
-from decoding.pld import PLDConfig, PromptLookup
-from decoding.target import TargetModel
-from decoding.tree import TokenTree
+from decoding.methods.ar import AR
+from decoding.engine.loop import generate
+from decoding.methods.pld import PLDConfig, PromptLookup
+from decoding.engine.target import TargetModel
+from decoding.engine.tree import TokenTree
 from pipeline.models import load_model
 from pipeline.schema import register_configs
 
@@ -56,8 +56,8 @@ def test_prompt_lookup_greedy_equals_ar(real_target):
 def test_shipped_smollm2_exit_head_is_lossless_and_drafts_better_than_the_plain_exit(real_target):
     """drafters/smollm2-135m/exit_head_k6 (python -m pipeline.train drafter=exit_head): sd with it is
     still greedy = AR, and it accepts more drafts than the untrained early exit of the same depth."""
-    from decoding.drafter import DrafterConfig
-    from decoding.sd import SDConfig, SpeculativeDecoding
+    from decoding.drafting.drafter import DrafterConfig
+    from decoding.methods.sd import SDConfig, SpeculativeDecoding
 
     if real_target.config.model_type != "llama":
         pytest.skip("the shipped exit head is SmolLM2-135M's")

@@ -15,7 +15,7 @@ SHIPPED = PROJECT_ROOT / "drafters" / "smollm2-135m"
 
 
 def test_shipped_drafters_are_small_published_layout_checkpoints():
-    from decoding.dflash_drafter import load_drafter
+    from decoding.drafting.dflash_drafter import load_drafter
 
     total = 0
     for kind in ("dflash", "domino"):

@@ -122,8 +122,8 @@ def test_a_bf16_job_records_its_dtype_and_diagnoses_every_mismatch(tiny_model_di
 
 
 def test_a_real_divergence_is_named_in_a_warning(tiny_model_dirs, tmp_path, monkeypatch, caplog):
-    import decoding.engine as engine
-    from decoding.acceptance import Verdict, accept_greedy
+    import decoding.engine.loop as engine
+    from decoding.engine.acceptance import Verdict, accept_greedy
 
     def keeps_a_rejected_draft(tree, logits):
         verdict = accept_greedy(tree, logits)

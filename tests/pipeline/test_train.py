@@ -52,7 +52,7 @@ def test_block_labels_follow_shift_label():
 
 
 def test_train_both_stages_export_and_resume(tiny_model_dirs, tmp_path):
-    from decoding.dflash_drafter import load_drafter
+    from decoding.drafting.dflash_drafter import load_drafter
     from pipeline.train.trainer import train
 
     for kind in ("dflash", "domino"):
@@ -81,8 +81,8 @@ def test_bad_train_config_names_the_field():
 def test_exit_head_training_lowers_val_kl_and_loads_as_a_drafter(tiny_model_dirs, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from decoding.drafter import DrafterConfig, build_drafter
-    from decoding.target import TargetModel
+    from decoding.drafting.drafter import DrafterConfig, build_drafter
+    from decoding.engine.target import TargetModel
     from pipeline.train.trainer import train
 
     overrides = tiny_overrides(tiny_model_dirs["llama"], tmp_path, "exit_head", steps=40)

@@ -1,7 +1,7 @@
 """DIMR mask search as `python -m search objective=dimr` on a tiny 6-layer llama: the KL cost is zero for
 the full model and positive for a slim one; topk trials skip exactly k inner layers, bool trials outside
 the skip-ratio range are pruned; known masks run first and a journal study resumes; a pareto study has two
-directions; the exported file loads through decoding.routing like the shipped mask."""
+directions; the exported file loads through decoding.drafting.routing like the shipped mask."""
 
 import json
 
@@ -13,7 +13,7 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 from optuna.trial import TrialState
 
-from decoding.routing import load_mask, save_mask
+from decoding.drafting.routing import load_mask, save_mask
 from pipeline.cli import first_config_problem
 from pipeline.errors import ConfigError
 from search.dimr import MaskCost, known_masks
@@ -175,7 +175,7 @@ def test_between_cost_is_the_two_hop_kl_through_the_slim_model(six_layer_dir):
     checked against log-probs computed directly; with nothing skipped it is KL(p || q)."""
     from transformers import AutoModelForCausalLM
 
-    from decoding.target import TargetModel
+    from decoding.engine.target import TargetModel
 
     model = AutoModelForCausalLM.from_pretrained(six_layer_dir, dtype=torch.float32).eval()
     target = TargetModel(model)

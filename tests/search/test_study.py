@@ -74,7 +74,7 @@ def test_study_runs_resumes_after_a_kill_and_exports_a_loadable_method(study_cfg
         cfg = compose("config", overrides=["method=ptd_t", f"hydra.searchpath=[file://{tmp_path / 'conf'}]"])
     method = OmegaConf.to_object(cfg).method
     best = resumed["best"][0]["params"]
-    assert method._target_ == "decoding.ptd.PTD" and all(getattr(method, k) == v for k, v in best.items())
+    assert method._target_ == "decoding.methods.ptd.PTD" and all(getattr(method, k) == v for k, v in best.items())
 
 
 def test_suggest_reads_int_float_and_categorical_specs():

@@ -1,0 +1,205 @@
+"""The shared best-first builder: marginal (DDTree) and conditional (DominoTree) trees against a
+brute-force scoring of every path in a tiny vocabulary; the fast conditional scorer builds exactly
+the reference scorer's trees; CaDDTree's cost model and stopping rule."""
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from decoding.drafting.domino_head import Float32Head, correction, gru_path_state
+from decoding.drafting.domino_scorer import FastScorer, ReferenceScorer
+from decoding.drafting.draft_tree import build_best_first, marginal_expand
+from decoding.drafting.verify_cost import CostAwareStop, VerifyCostModel, fit_monotone_convex
+
+
+def brute_force_tree(score_children, depth: int, budget: int):
+    """Every root path of length <= depth whose tokens are each among their parent's candidate
+    children, scored by cumulative log-prob; the best `budget` of them (prefix-closed, since
+    log-probs are <= 0)."""
+    paths = {}
+    frontier = [()]
+    for _ in range(depth):
+        nxt = []
+        for path in frontier:
+            tokens, logprobs = score_children(path)
+            for t, lp in zip(tokens, logprobs):
+                paths[path + (t,)] = paths.get(path, 0.0) + lp
+                nxt.append(path + (t,))
+        frontier = nxt
+    best = sorted(paths.items(), key=lambda kv: -kv[1])[:budget]
+    return {p: s for p, s in best}
+
+
+def tree_paths(built):
+    tree = built.tree
+    return {tuple(tree.tokens[i] for i in tree.path_to(n)[1:]): built.scores[n] for n in range(1, len(tree))}
+
+
+def test_marginal_tree_is_the_top_budget_paths():
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 6, generator=gen) * 2
+    lp = torch.log_softmax(logits, -1)
+    built = build_best_first(99, marginal_expand(logits, 6), budget=12, max_depth=3)
+    want = brute_force_tree(lambda path: (list(range(6)), lp[len(path)].tolist()), 3, 12)
+    got = tree_paths(built)
+    assert got.keys() == want.keys()
+    for p in want:
+        assert got[p] == pytest.approx(want[p], abs=1e-5)
+    assert built.tree.num_draft_nodes() == 12 and not built.stopped_early
+
+
+def domino_case(make, seed: int, vocab=9, depth=4):
+    drafter = make(vocab=vocab, domino=True, seed=seed)
+    spec = drafter.spec
+    gen = torch.Generator().manual_seed(seed)
+    embed = torch.nn.Embedding(vocab, spec.hidden_size)
+    torch.nn.init.normal_(embed.weight, generator=gen)
+    z = torch.randn(depth, spec.hidden_size, generator=gen)
+    base = torch.randn(depth, vocab, generator=gen) * 2
+    return drafter, embed, z, base
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_conditional_tree_matches_brute_force_scoring_of_every_path(seed, tiny_drafter):
+    drafter, embed, z, base = domino_case(tiny_drafter, seed)
+    k, m, budget, root = 3, 5, 14, 4
+
+    def score_children(path):
+        d = len(path)
+        with torch.no_grad():
+            if d < drafter.spec.pure_draft_prefix_len:
+                vals, ids = torch.topk(torch.log_softmax(base[d], -1), k)
+                return ids.tolist(), vals.tolist()
+            h = gru_path_state(drafter.prefix_gru, embed(torch.tensor((root,) + path)))
+            cand = torch.topk(base[d], m).indices
+            s = base[d][cand] + correction(drafter.embed_proj, z[d][None], h[None], cand)[0]
+            vals, local = torch.topk(torch.log_softmax(s, -1), k)
+            return cand[local].tolist(), vals.tolist()
+
+    want = brute_force_tree(score_children, len(base), budget)
+    head = Float32Head(drafter)
+    for scorer in (ReferenceScorer(drafter, head, embed, z, base, k, m),
+                   FastScorer(drafter, head, embed, z, base, k, m, budget)):
+        got = tree_paths(build_best_first(root, scorer, budget, max_depth=len(base)))
+        assert got.keys() == want.keys()
+        for p in want:
+            assert got[p] == pytest.approx(want[p], abs=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("seed", range(12))
+def test_fast_builder_builds_exactly_the_reference_trees(seed, dtype, tiny_drafter):
+    """Also for a bf16 drafter: both builders run the head in fp32 (Float32Head), so their
+    scores differ by fp32 rounding only (stated tolerance 1e-5) and the trees are the same."""
+    drafter, embed, z, base = domino_case(tiny_drafter, seed, vocab=40, depth=6)
+    drafter, embed, z = drafter.to(dtype), embed.to(dtype), z.to(dtype)
+    base = base.to(dtype).float()  # lm_head output of a bf16 model, read out in fp32
+    head = Float32Head(drafter)
+    ref = build_best_first(3, ReferenceScorer(drafter, head, embed, z, base, 8, 16), 24, max_depth=6)
+    fast = build_best_first(3, FastScorer(drafter, head, embed, z, base, 8, 16, 24), 24, max_depth=6)
+    assert fast.tree.tokens == ref.tree.tokens and fast.tree.parents == ref.tree.parents
+    np.testing.assert_allclose(fast.scores, ref.scores, atol=1e-5)
+
+
+def test_conditional_scores_depend_on_the_path(tiny_drafter):
+    drafter, embed, z, base = domino_case(tiny_drafter, 1)
+    built = build_best_first(4, ReferenceScorer(drafter, Float32Head(drafter), embed, z, base, 3, 9), 30, max_depth=4)
+    tree = built.tree
+    by_depth = {}
+    for node in range(1, len(tree)):
+        kids = [tree.tokens[c] for c in tree.children[node]]
+        if kids and tree.depths[node] >= 1:
+            by_depth.setdefault(tree.depths[node], set()).add(tuple(kids))
+    assert any(len(v) > 1 for v in by_depth.values())  # siblings' children differ: not marginal
+
+
+def test_monotone_convex_fit():
+    xs = [0, 1, 2, 4, 8, 16, 32, 64]
+    noisy = [83, 126, 120, 103, 133, 167, 210, 376]
+    fit = fit_monotone_convex(xs, noisy)
+    slopes = np.diff(fit) / np.diff(xs)
+    assert np.all(slopes >= -1e-9) and np.all(np.diff(slopes) >= -1e-9)
+    convex = [5 + 0.1 * x + 0.01 * x * x for x in xs]
+    np.testing.assert_allclose(fit_monotone_convex(xs, convex), convex, atol=1e-6)
+
+
+def test_cost_aware_stop_picks_the_throughput_maximum():
+    cost = VerifyCostModel([0, 10, 100], [0, 1000], [[1.0, 1.2, 5.0], [2.0, 2.2, 6.0]], draft_s=0.3)
+    assert cost.verify_s(5, 500) == pytest.approx(0.5 * (1.1 + 2.1))
+    assert cost.verify_s(10, 3000) == pytest.approx(2.2)  # beyond the profiled contexts: clamped, as the reference
+    with pytest.raises(ValueError, match="outside the profiled node counts"):
+        cost.verify_s(101, 0)  # never extrapolated in n
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(6, 20, generator=gen) * 3
+    built = build_best_first(1, marginal_expand(logits, 64), 64, 6, admit=CostAwareStop(cost, 300))
+    full = build_best_first(1, marginal_expand(logits, 64), 64, 6)
+    phi = np.cumsum([0.0] + [math.exp(s) for s in full.scores[1:]])
+    throughput = [(1 + phi[n]) / (cost.draft_s + cost.verify_s(n, 300)) for n in range(len(phi))]
+    n = built.tree.num_draft_nodes()
+    assert built.stopped_early and n == int(np.argmax(throughput))
+    assert built.tree.tokens == full.tree.tokens[:n + 1]
+
+
+def test_a_flat_gpu_like_curve_never_admits_nodes_beyond_the_profiled_grid():
+    """On a GPU verify cost is flat to a few hundred rows; extrapolating the last slope let trees run to
+    the cap. Now the tree stops at the grid's end even though every node still raises throughput."""
+    flat = VerifyCostModel([0, 1, 2, 4, 8, 16], [0, 1000], [[1.0] * 6, [1.0] * 6], draft_s=0.1)
+    logits = torch.zeros(8, 50)  # uniform drafts: many equally good nodes
+    built = build_best_first(1, marginal_expand(logits, 64), 64, 8, admit=CostAwareStop(flat, 10))
+    assert built.tree.num_draft_nodes() == 16 and built.stopped_early
+
+
+def test_the_default_profile_grid_reaches_the_admitted_budget_and_short_grids_are_refused():
+    from decoding.methods.caddtree import CaDDTreeConfig
+    from decoding.methods.dominotree import DominoTreeConfig
+    from decoding.drafting.verify_cost import admissible_node_grid
+    from pipeline.errors import ConfigError
+
+    assert admissible_node_grid(1024) == [0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
+    assert admissible_node_grid(24) == [0, 1, 2, 4, 8, 16, 24]
+    assert CaDDTreeConfig().profile_node_counts[-1] == CaDDTreeConfig().max_budget == 1024
+    assert DominoTreeConfig(budget="cond_adaptive").profile_node_counts[-1] == 64
+    with pytest.raises(ConfigError, match=r"profile_node_counts ends at 128 but method.max_budget=1024"):
+        CaDDTreeConfig(profile_node_counts=[0, 1, 2, 4, 8, 16, 32, 64, 128])
+
+
+@pytest.mark.parametrize("pool_size", [0, 12])
+@pytest.mark.parametrize("seed", range(3))
+def test_the_fast_domino_chain_equals_the_module_call_chain(seed, pool_size, tiny_drafter):
+    """decoding.methods.domino.corrected_chain (fused GRU step, per-round tables) drafts what the paper's
+    loop with the GRU module and embed_proj drafts."""
+    from decoding.methods.domino import corrected_chain
+    from decoding.engine.sampling import Sampler
+
+    drafter, embed, z, base = domino_case(tiny_drafter, seed, vocab=40, depth=6)
+    head = Float32Head(drafter)
+    root, prefix = 5, drafter.spec.pure_draft_prefix_len
+    pool = torch.topk(base[prefix:].max(0).values, pool_size).indices if pool_size else None
+    got, _ = corrected_chain(head, embed.weight, z, base, root, prefix, pool, 0.0, Sampler(0))
+    want = []
+    with torch.no_grad():
+        for k in range(len(base)):
+            if k < prefix:
+                want.append(int(base[k].argmax()))
+                continue
+            h = gru_path_state(head.gru, embed(torch.tensor([root, *want])).float())
+            if pool is None:
+                scores = base[k] + correction(head.embed_proj, z[k][None], h[None])[0]
+                want.append(int(scores.argmax()))
+            else:
+                scores = base[k][pool] + correction(head.embed_proj, z[k][None], h[None], pool)[0]
+                want.append(int(pool[scores.argmax()]))
+    assert [int(t) for t in got] == want
+
+
+def test_the_vectorised_cost_curve_equals_pointwise_cv():
+    cost = VerifyCostModel([0, 10, 100], [0, 1000, 4000], [[1.0, 1.2, 5.0], [2.0, 2.2, 6.0], [3.0, 3.5, 9.0]], 0.3)
+    for context in (-5, 0, 300, 1000, 2500, 9000):
+        curve = cost.verify_curve(context)
+        assert len(curve) == 101
+        pointwise = [np.interp(context, cost.context_lengths, [np.interp(n, cost.node_counts, c) for c in cost.fitted])
+                     for n in range(101)]
+        np.testing.assert_allclose(curve, pointwise, rtol=1e-12)

@@ -1,0 +1,94 @@
+"""The one sampling path (decoding/engine/sampling.py): draws on the probabilities' own device, one
+per-prompt seed, and no other randomness in the decoding loop."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from decoding.engine.loop import DecodeState, generate
+from decoding.engine.sampling import Sampler
+from decoding.engine.transfer import to_host
+
+
+def test_decode_state_samples_on_the_device_of_the_targets_logits():
+    """The T>0 crash on CUDA: a CPU torch.Generator drew from CUDA probabilities. The per-prompt
+    sampler must live where the logits come out; no CUDA is needed to check that contract."""
+    target = SimpleNamespace(output_device=torch.device("cuda", 0), device=torch.device("cuda", 0))
+    state = DecodeState(target, [1, 2, 3], temperature=1.0, max_new_tokens=4, stop_ids=set(), seed=5)
+    assert state.sampler.device == torch.device("cuda", 0)
+
+
+def test_a_tensor_from_another_device_is_refused_with_one_line():
+    """What CUDA does to a CPU generator, enforced on every device so CPU tests see the mistake."""
+    sampler = Sampler(0, "cuda:0")  # the generator is made at the first draw, so no CUDA is touched
+    with pytest.raises(ValueError, match=r"tensor on cpu with a sampler for cuda:0.*for_device"):
+        sampler.categorical(torch.full((4,), 0.25))
+
+
+def test_for_device_gives_a_sampler_on_that_device_with_the_same_seed():
+    sampler = Sampler(7, "cpu")
+    assert sampler.for_device("cpu") is sampler
+    other = sampler.for_device("cuda:1")
+    assert other.device == torch.device("cuda", 1) and other.seed == 7
+    assert sampler.for_device("cuda:1") is other
+
+
+def test_same_seed_same_draws_and_named_streams_are_independent():
+    probs = torch.softmax(torch.randn(3, 50, generator=torch.Generator().manual_seed(0)), -1)
+    a, b = Sampler(3), Sampler(3)
+    assert torch.equal(a.categorical(probs), b.categorical(probs))
+    assert torch.equal(a.uniform(5), b.uniform(5))
+    # drawing from a named stream does not move the main stream
+    c, d = Sampler(3), Sampler(3)
+    c.stream("via_sd").uniform(100)
+    assert torch.equal(c.uniform(4), d.uniform(4))
+
+
+def test_categorical_follows_the_distribution_and_never_picks_zero_mass():
+    p = torch.tensor([0.5, 0.0, 0.2, 0.3, 0.0])
+    sampler = Sampler(1)
+    draws = sampler.categorical(p.expand(20000, 5).contiguous())
+    counts = torch.bincount(draws, minlength=5)
+    assert counts[1] == 0 and counts[4] == 0
+    assert chisquare(counts[[0, 2, 3]].numpy(), (p[[0, 2, 3]] * 20000).numpy()).pvalue > 1e-3
+    assert sampler.categorical(torch.tensor([0.0, 3.0, 1.0])).shape == ()  # unnormalised rows are fine
+
+
+def test_to_host_is_one_copy_of_mixed_tensors():
+    ints, flags, floats = to_host(torch.tensor([3, 70000]), torch.tensor([True, False]), torch.tensor([0.5]))
+    assert ints == [3, 70000] and flags == [1, 0] and floats == [0.5]
+    assert all(isinstance(v, int) for v in ints)
+
+
+@pytest.fixture(scope="module")
+def zoo(tmp_path_factory):
+    from pipeline.zoo import random_target
+
+    return random_target("tiny"), tmp_path_factory.mktemp("zoo")
+
+
+@pytest.mark.parametrize("method_name", ["ar", "pld", "ptd", "sd", "spec_cascade", "via_sd", "dflash", "domino",
+                                         "dominotree"])
+def test_all_randomness_of_a_sampled_run_goes_through_the_sampler(method_name, zoo, monkeypatch):
+    """torch's random functions raise outside decoding/engine/sampling.py (which keeps its own view of
+    torch here), so a method that draws with some other generator fails."""
+    import decoding.engine.sampling as sampling
+    from pipeline.zoo import build_method
+
+    target, folder = zoo
+    monkeypatch.setenv("SPECDEC_CACHE", str(folder))
+    method = build_method(method_name, target, folder)
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("randomness outside decoding.engine.sampling")
+
+    monkeypatch.setattr(sampling, "torch", SimpleNamespace(**{k: getattr(torch, k) for k in dir(torch)
+                                                              if not k.startswith("__")}))
+    for name in ("multinomial", "rand", "randint", "randn", "bernoulli", "poisson", "normal"):
+        monkeypatch.setattr(torch, name, forbidden)
+    for name in ("exponential_", "uniform_", "random_", "normal_", "bernoulli_", "geometric_"):
+        monkeypatch.setattr(torch.Tensor, name, forbidden)
+    state = generate(method, target, [7, 30, 31, 32, 7, 30], max_new_tokens=12, temperature=1.0, seed=4)
+    assert len(state.new_tokens) == 12
