@@ -31,8 +31,7 @@ from torch import nn
 
 from decoding.drafting.domino_head import build_domino_modules, is_domino_projector
 from pipeline.errors import ConfigError
-
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
+from pipeline.resources import SHIPPED_DRAFTERS
 
 
 def default_target_layer_ids(num_target_layers: int, num_taps: int) -> list[int]:
@@ -264,8 +263,8 @@ class DFlashDrafter(nn.Module):
 
 # ----------------------------------------------------------------------------------- checkpoints
 def local_folder(location: str) -> Path | None:
-    """The folder `location` names, absolute or relative to the cwd, else to the project root."""
-    return next((c for c in (Path(location).expanduser(), PROJECT_ROOT / location) if c.is_dir()), None)
+    """The folder `location` names, absolute or relative to the cwd, else among the shipped drafters."""
+    return next((c for c in (Path(location).expanduser(), SHIPPED_DRAFTERS / location) if c.is_dir()), None)
 
 
 def resolve_location(location: str) -> Path:

@@ -14,8 +14,9 @@ import random
 from pathlib import Path
 
 from pipeline.errors import ConfigError
+from pipeline.resources import SHIPPED_MASKS
 
-MASK_DIR = Path(__file__).resolve().parents[2] / "masks"
+MASK_DIR = SHIPPED_MASKS
 
 
 def mask_path(name_or_path: str) -> Path:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
-SHIPPED = PROJECT_ROOT / "drafters" / "smollm2-135m"
+SHIPPED = PROJECT_ROOT / "pipeline" / "assets" / "drafters" / "smollm2-135m"
 
 
 def test_shipped_drafters_are_small_published_layout_checkpoints():
