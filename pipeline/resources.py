@@ -9,3 +9,4 @@ from pathlib import Path
 ASSETS = Path(__file__).resolve().parent / "assets"
 SHIPPED_DRAFTERS = ASSETS  # config locations read "drafters/<model>/<kind>", relative to ASSETS
 SHIPPED_MASKS = ASSETS / "masks"
+SHIPPED_DATA = ASSETS / "data"  # offline task data, each file with its licence (assets/data/README.md)

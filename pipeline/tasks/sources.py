@@ -1,4 +1,4 @@
-"""Where task rows come from: local jsonl files, the shared data dir, or HF `datasets`.
+"""Where task rows come from: local jsonl files, the data shipped in `pipeline/assets/data`, or HF `datasets`.
 
 Every source yields `Rows`: an indexable sequence of dict rows plus a way to name row i in error
 messages (``file:line`` for jsonl, ``HF id[split] row i`` for datasets), so a malformed row is
@@ -8,16 +8,12 @@ reported as one line that points at it.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
 from pipeline.tasks.base import TaskDataError
-
-SHARED_DATA_ENV = "SPECDEC_SHARED_DATA"
-
 
 @dataclass
 class Rows:
@@ -26,14 +22,6 @@ class Rows:
 
     def __len__(self) -> int:
         return len(self.rows)
-
-
-def shared_data_dir() -> Path:
-    """`<project root>/../shared/data`, unless SPECDEC_SHARED_DATA points elsewhere."""
-    override = os.environ.get(SHARED_DATA_ENV)
-    if override:
-        return Path(override)
-    return Path(__file__).resolve().parents[3] / "shared" / "data"
 
 
 def read_jsonl(path: str | Path) -> Rows:

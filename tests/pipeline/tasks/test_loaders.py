@@ -1,14 +1,16 @@
 """Task loading from the offline sources, local jsonl files, error reporting, and build_chat."""
 
 import json
+from pathlib import Path
 
 import datasets
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
+import pipeline
 from pipeline.tasks import TaskConfig, TaskDataError, build_chat, load_examples
-from pipeline.tasks.sources import shared_data_dir
+from pipeline.resources import SHIPPED_DATA
 
 
 def write_jsonl(path, rows):
@@ -16,11 +18,27 @@ def write_jsonl(path, rows):
     return str(path)
 
 
-def test_shared_data_dir_is_beside_the_project(monkeypatch):
-    monkeypatch.delenv("SPECDEC_SHARED_DATA", raising=False)
-    assert (shared_data_dir() / "gsm8k_test.jsonl").is_file()
-    monkeypatch.setenv("SPECDEC_SHARED_DATA", "/elsewhere")
-    assert str(shared_data_dir()) == "/elsewhere"
+def test_offline_data_ships_inside_the_package_with_its_licences():
+    assert SHIPPED_DATA.is_relative_to(Path(pipeline.__file__).parent)
+    for data, licence, names in (("gsm8k_test.jsonl", "gsm8k_LICENSE", "MIT License"),
+                                 ("mt_bench_question.jsonl", "mt_bench_LICENSE", "Apache License")):
+        assert (SHIPPED_DATA / data).is_file() and names in (SHIPPED_DATA / licence).read_text()
+        assert data in (SHIPPED_DATA / "README.md").read_text()  # with a note of its origin
+
+
+def test_offline_tasks_never_read_a_shared_folder(monkeypatch):
+    """GSM8K and MT-Bench come from the package even where no ../shared exists: every file opened
+    while loading them lies under pipeline/assets."""
+    opened = []
+    real_open = Path.open
+
+    def spy(self, *args, **kwargs):
+        opened.append(self.resolve())
+        return real_open(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "open", spy)
+    assert len(load_examples(TaskConfig(name="gsm8k"))) == 1319 and len(load_examples(TaskConfig(name="mt_bench"))) == 80
+    assert opened and all(p.is_relative_to(SHIPPED_DATA) for p in opened)
 
 
 def test_humaneval_offline():
@@ -106,6 +124,32 @@ def test_missing_field_names_file_and_line(tmp_path):
 def test_missing_file(tmp_path):
     with pytest.raises(TaskDataError, match="nope.jsonl: file not found"):
         load_examples(TaskConfig(name="mbpp", path=str(tmp_path / "nope.jsonl")))
+
+
+def test_mt_bench_from_the_hub_copy(monkeypatch):
+    """task.hf_dataset loads HuggingFaceH4/mt_bench_prompts' layout (prompt / prompt_id) instead of the shipped file."""
+    seen = {}
+
+    def fake(dataset, config, split):
+        seen.update(dataset=dataset, config=config, split=split)
+        return [{"prompt": ["Write a poem.", "Shorter."], "prompt_id": 81, "category": "writing", "reference": []}]
+
+    monkeypatch.setattr(datasets, "load_dataset", fake)
+    (ex,) = load_examples(TaskConfig(name="mt_bench", hf_dataset="HuggingFaceH4/mt_bench_prompts"))
+    assert seen == {"dataset": "HuggingFaceH4/mt_bench_prompts", "config": None, "split": "train"}
+    assert ex.id == "81" and ex.turns == ["Write a poem.", "Shorter."] and ex.meta["category"] == "writing"
+    assert ex.reference is None
+
+
+def test_mt_bench_hub_copy_offline_is_one_line(monkeypatch):
+    def offline(*args, **kwargs):
+        raise ConnectionError("Couldn't reach 'HuggingFaceH4/mt_bench_prompts' on the Hub\nmore lines")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    with pytest.raises(TaskDataError) as err:
+        load_examples(TaskConfig(name="mt_bench", hf_dataset="HuggingFaceH4/mt_bench_prompts"))
+    msg = str(err.value)
+    assert msg.startswith("task mt_bench:") and "task.path=" in msg and "\n" not in msg
 
 
 def test_hf_only_task_offline(monkeypatch):
