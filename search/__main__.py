@@ -5,6 +5,7 @@ summary.json to its run dir and the best parameters where the objective exports 
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -32,6 +33,9 @@ def main(cfg: DictConfig) -> float | None:
             summary = run_study(sc, tracker)
         finally:
             tracker.finish()
+    if summary["exported"]:  # the run dir keeps a copy of what this search exported
+        exported = Path(summary["exported"])
+        shutil.copy2(exported, run_dir / exported.name)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     best = summary["best"][0] if summary["best"] else None
     print(f"study {summary['study_name']}: {summary['finished_trials']} finished trials; "

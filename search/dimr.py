@@ -46,8 +46,9 @@ from typing import Any, Optional
 
 import torch
 
-from decoding.drafting.routing import MASK_DIR, kept_layers, save_mask
+from decoding.drafting.routing import kept_layers, save_mask
 from pipeline.errors import ConfigError, check_choice, check_range
+from pipeline.resources import user_masks
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +75,7 @@ class DIMRObjectiveConfig:
     known_masks: list[Any] = field(default_factory=lambda: list(KNOWN_MASKS))  # names or layer lists, tried first
     metric: str = "kl"  # label in the default study_name (conf/objective/dimr.yaml derives it from the above)
     export_name: str = "dimr"  # masks/<export_name>.json; conf/objective/dimr.yaml: <model>-dimr
-    export_dir: Optional[str] = None  # None = the project's masks/
+    export_dir: Optional[str] = None  # None = the user's folder (pipeline.resources.user_masks), loaded by name
 
     def __post_init__(self) -> None:
         check_choice("objective.encoding", self.encoding, ENCODINGS)
@@ -327,7 +328,7 @@ def pick(study, obj: DIMRObjectiveConfig, best):
 
 
 def export(trial, ctx: Optional[Context], cfg) -> Path:
-    """Write the chosen mask where decoding/drafting/routing.py loads it by name (masks/<export_name>.json)."""
+    """Write the chosen mask where decoding/drafting/routing.py loads it by name (the user's masks/<export_name>.json)."""
     import optuna
 
     from search.study import finished, make_storage
@@ -350,7 +351,7 @@ def export(trial, ctx: Optional[Context], cfg) -> Path:
                    if t.datetime_start and t.datetime_complete)
     known = {str(t.user_attrs["skip"]): round(t.user_attrs["kl"], 5) for t in done
              if t.system_attrs.get("fixed_params") and "kl" in t.user_attrs}
-    root = Path(obj.export_dir).expanduser() if obj.export_dir else MASK_DIR
+    root = Path(obj.export_dir).expanduser() if obj.export_dir else user_masks()
     path = root / f"{obj.export_name}.json"
     skip, kl = chosen.user_attrs["skip"], chosen.user_attrs["kl"]
     save_mask(path, skip, L, model=cfg.model.name, cost_kl=kl, search={

@@ -11,8 +11,9 @@ Calibration prompts are examples of `task` (GSM8K by default) that are NOT in it
   measured once per worker). Wall-clock-free, so it ranks configurations stably on a busy machine;
 - `tau`: mean accepted length per step, blind to cost (how far the drafts can go at all).
 Every trial also records tau, rows per step, tokens/s and whether the greedy output equals AR.
-The best parameters are written to <export_dir>/method/<export_name>.yaml (default
-conf/method/ptd_tuned.yaml), which `python -m pipeline method=ptd_tuned` loads by name.
+The best parameters are written to <export_dir>/method/<export_name>.yaml (default: the user's
+config folder, ~/.config/specdec/conf/method/ptd_tuned.yaml, with a copy in the run dir), which
+`python -m pipeline method=ptd_tuned` loads by name ahead of the shipped conf/method/ptd_tuned.yaml.
 """
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ from typing import Any, Optional
 import torch
 
 from pipeline.errors import ConfigError, check_choice, check_range
+from pipeline.resources import user_conf
 
 METRICS = ("speedup", "tau_per_cost", "tau")
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
 
 def default_space() -> dict:
@@ -67,7 +68,7 @@ class PTDObjectiveConfig:
     enqueue: list[Any] = field(default_factory=default_enqueue)  # known parameter sets tried first
     fixed: dict[str, Any] = field(default_factory=dict)  # PTD fields held fixed in every trial
     export_name: str = "ptd_tuned"
-    export_dir: Optional[str] = None  # <export_dir>/method/<export_name>.yaml; None = the project's conf/
+    export_dir: Optional[str] = None  # <export_dir>/method/<export_name>.yaml; None = the user's config folder
 
     def __post_init__(self) -> None:
         check_choice("objective.metric", self.metric, METRICS)
@@ -228,9 +229,10 @@ def objective(trial, ctx: Context) -> float:
 
 
 def export(trial, ctx: Optional[Context], cfg) -> Path:
-    """Write the best parameters as a method option of the pipeline (conf/method/<export_name>.yaml)."""
+    """Write the best parameters as a method option of the pipeline (method=<export_name>): into the user's
+    config folder (pipeline.resources.user_conf), which Hydra searches before the shipped conf/."""
     obj = cfg.objective
-    root = Path(obj.export_dir).expanduser() if obj.export_dir else CONF_DIR
+    root = Path(obj.export_dir).expanduser() if obj.export_dir else user_conf()
     path = root / "method" / f"{obj.export_name}.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
     values = {**obj.fixed, **trial.params}

@@ -4,6 +4,7 @@ tokenizer, saved to a temp dir so they load through the same code path as real c
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,8 @@ import torch
 
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("WANDB_SILENT", "true")
+# searches export into the user's folder (pipeline.resources.user_dir): never the real one in tests
+os.environ.setdefault("SPECDEC_HOME", tempfile.mkdtemp(prefix="specdec-home-"))
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 CHAT_TEMPLATE = (

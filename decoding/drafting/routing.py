@@ -14,7 +14,7 @@ import random
 from pathlib import Path
 
 from pipeline.errors import ConfigError
-from pipeline.resources import SHIPPED_MASKS
+from pipeline.resources import SHIPPED_MASKS, user_masks
 
 MASK_DIR = SHIPPED_MASKS
 
@@ -23,14 +23,15 @@ def mask_path(name_or_path: str) -> Path:
     path = Path(name_or_path)
     if path.suffix == ".json" or path.is_absolute() or "/" in name_or_path:
         return path
-    return MASK_DIR / f"{name_or_path}.json"
+    exported = user_masks() / f"{name_or_path}.json"  # a search's export wins over the shipped mask
+    return exported if exported.exists() else MASK_DIR / f"{name_or_path}.json"
 
 
 def load_mask(name_or_path: str, num_layers: int) -> tuple[int, ...]:
     """Skipped layer indices of a mask file, checked against the model's layer count."""
     path = mask_path(name_or_path)
     if not path.exists():
-        known = sorted(p.stem for p in MASK_DIR.glob("*.json"))
+        known = sorted({p.stem for d in (user_masks(), MASK_DIR) for p in d.glob("*.json")})
         raise ConfigError(f"routing mask '{name_or_path}' not found ({path}); known masks: {', '.join(known) or 'none'}"
                           " (python -m search objective=dimr writes one)")
     try:
