@@ -1,10 +1,15 @@
-"""A rich progress bar with live tokens/s and mean accepted length."""
+"""A rich progress bar with live tokens/s and mean accepted length on a terminal; one log line per
+finished prompt otherwise (Slurm logs, pipes)."""
 
 from __future__ import annotations
 
+import logging
 import time
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+
+log = logging.getLogger(__name__)
 
 
 class RunProgress:
@@ -15,6 +20,8 @@ class RunProgress:
             disable=not enabled, transient=False,
         )
         self._task = self._progress.add_task(label, total=total, completed=already_done, tps=0.0, tau=0.0)
+        self._log_lines = not enabled
+        self._label, self._total, self._done = label, total, already_done
         self._tokens = 0
         self._seconds = 0.0
 
@@ -36,8 +43,13 @@ class RunProgress:
 
         return on_step
 
-    def finish_example(self, row: dict) -> None:
+    def finish_example(self, row: dict, method: str | None = None) -> None:
         self._tokens += row["new_tokens"]
         self._seconds += row["wall_s"]
+        self._done += 1
         tps = self._tokens / self._seconds if self._seconds else 0.0
         self._progress.update(self._task, advance=1, tps=tps, tau=row["tau"])
+        if self._log_lines:
+            row_tps = row["new_tokens"] / row["wall_s"] if row["wall_s"] else 0.0
+            log.info("%s %d/%d %s%s: %.1f tok/s, tau %.2f", self._label, self._done, self._total,
+                     f"{method} " if method else "", row["id"], row_tps, row["tau"])

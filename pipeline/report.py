@@ -18,6 +18,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipeline import table
+
 COLUMNS = ("model", "task", "temperature", "method", "settings", "dtype", "num_prompts", "speedup", "tau",
            "decoding_efficiency", "quality_metric", "quality", "ar_quality", "match_rate", "match_ties",
            "match_divergences", "rejection_rate",
@@ -69,9 +71,14 @@ def collect(paths: list[Path]) -> Collected:
 
 
 def row_from_summary(path: Path) -> dict:
-    s = json.loads(path.read_text())
+    row = summary_row(json.loads(path.read_text()), path.parent)
+    row["_mtime"] = path.stat().st_mtime
+    return row
+
+
+def summary_row(s: dict, run_dir: Path) -> dict:
+    """One table row from a run's summary (pipeline/summary.py) and its run dir."""
     metric = s.get("quality_metric")
-    run_dir = path.parent
     reference = run_dir / "reference.json"
     return {
         "model": s["model"], "task": s["task"], "temperature": float(s["temperature"]), "method": s["method"],
@@ -90,7 +97,7 @@ def row_from_summary(path: Path) -> dict:
         "num_accepted_tokens": s.get("num_accepted_tokens"), "lossless": s.get("lossless"),
         "experiment": s.get("experiment"),
         "ar_reference": json.loads(reference.read_text()).get("fingerprint") if reference.exists() else None,
-        "run_dir": str(run_dir), "_mtime": path.stat().st_mtime,
+        "run_dir": str(run_dir),
     }
 
 
@@ -154,6 +161,8 @@ def failed_jobs(sweep_dir: Path) -> tuple[list[str], set[str]]:
 def unfinished_runs(root: Path, skip: set[str]) -> list[str]:
     notes = []
     for config in sorted(root.rglob("run_config.yaml")):
+        if (config.parent / "comparison.json").exists():  # a methods=[...] job: its runs are the subdirs
+            continue
         if not (config.parent / "summary.json").exists() and str(config.parent) not in skip:
             results = config.parent / "results.jsonl"
             done = len(results.read_text().splitlines()) if results.exists() else 0
@@ -161,34 +170,9 @@ def unfinished_runs(root: Path, skip: set[str]) -> list[str]:
     return notes
 
 
-def fmt(value, column: str = "") -> str:
-    if value is None:
-        return "–"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, float):
-        if column in ("speedup",):
-            return f"{value:.2f}x"
-        if column in ("temperature",):
-            return f"{value:g}"
-        return f"{value:.3f}" if abs(value) < 10 else f"{value:.1f}"
-    return str(value)
-
-
 def to_markdown(collected: Collected) -> str:
-    head = [label for _, label in MARKDOWN_COLUMNS]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in collected.rows:
-        cells = [fmt(r[c], c) for c, _ in MARKDOWN_COLUMNS]
-        if r["quality_metric"] and r["quality"] is not None:
-            cells[head.index("quality")] = f"{fmt(r['quality'])} {r['quality_metric']}"
-        lines.append("| " + " | ".join(cells) + " |")
-    text = ("Speedup: tokens/s over the AR reference of the same model, task, settings and machine. τ: mean "
-            "accepted tokens per verification (bonus included). DE: new tokens per target forward (cost-weighted: a "
-            "pass over k of L layers counts k/L). match: share of prompts identical to AR (lossless methods at T=0); "
-            "ties / diverged: mismatching prompts whose first difference is a numeric near-tie of AR's logits / is "
-            "not. rejection: drafted tokens rejected.\n\n")
-    text += "\n".join(lines) + "\n"
+    text = table.LEGEND + "\n\n"
+    text += table.markdown(collected.rows, MARKDOWN_COLUMNS)
     if collected.notes:
         text += "\nNotes:\n" + "".join(f"- {n}\n" for n in collected.notes)
     return text

@@ -1,5 +1,6 @@
-"""One job: load model and task, run the AR reference (or reuse a matching one), run the method,
-write results.jsonl / summary.json and log to the tracker."""
+"""One job: load model and task, run the AR reference (or reuse a matching one) and the method, or
+compare several methods interleaved per prompt (`methods=[...]`); write results.jsonl /
+summary.json / summary.md, print the results table and log to the tracker."""
 
 from __future__ import annotations
 
@@ -17,9 +18,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from decoding.engine.loop import Method
 from decoding.engine.target import TargetModel
-from pipeline.generation import GenerationSettings, diagnose_mismatches, read_results, run_examples
+from pipeline import table
+from pipeline.generation import (GenerationSettings, append_result, diagnose_mismatches, generate_example,
+                                 read_results, run_examples, warm_up)
 from pipeline.models import load_model, stop_token_ids
 from pipeline.progress import RunProgress
+from pipeline.report import summary_row
 from pipeline.schema import RunConfig
 from pipeline.summary import add_tie_diagnosis, summarize
 from pipeline.tasks import load_examples
@@ -89,11 +93,14 @@ def run_reference(cfg: RunConfig, target, examples, settings, run_dir: Path, sho
 
 
 def run(cfg: DictConfig, run_dir: Path, show_progress: bool = True) -> dict:
+    """One job. With `methods=[...]` it compares them (AR first) interleaved per prompt and returns
+    the comparison ({"methods": [summary, ...]}); otherwise it runs `method` and returns its summary."""
     rc = to_run_config(cfg)
     if rc.threads:
         torch.set_num_threads(rc.threads)
     run_dir.mkdir(parents=True, exist_ok=True)
     _check_resume(cfg, run_dir)
+    method_cfgs = compose_methods(rc.methods) if rc.methods else [rc.method]
 
     sandbox = None
     if rc.task.name in CODE_TASKS:  # generated code will run: check its isolation before generating
@@ -105,39 +112,134 @@ def run(cfg: DictConfig, run_dir: Path, show_progress: bool = True) -> dict:
         max_new_tokens=rc.max_new_tokens or rc.task.max_new_tokens, temperature=rc.temperature,
         seed=rc.seed, stop_ids=stop_token_ids(model, tokenizer), warmup=rc.warmup,
         chat_template_kwargs=dict(rc.model.chat_template_kwargs))
-    method = build_method(rc.method, target, rc.drafter)
+    methods = [build_method(m, target, rc.drafter) for m in method_cfgs]
 
-    tracker = make_tracker(rc.tracker, OmegaConf.to_container(cfg, resolve=True), run_dir, job_type=method.name,
+    label = "compare" if rc.methods else methods[0].name
+    tracker = make_tracker(rc.tracker, OmegaConf.to_container(cfg, resolve=True), run_dir, job_type=label,
                            tags=[rc.model.name, rc.task.name, f"T{rc.temperature:g}"])
     try:
-        reference = None
-        if method.name != "ar" and rc.reference.enabled:
-            reference = run_reference(rc, target, examples, settings, run_dir, show_progress)
-        results_path = run_dir / "results.jsonl"
-        done = len(read_results(results_path))
-        with RunProgress(method.name, len(examples), min(done, len(examples)), show_progress) as progress:
-            rows = run_examples(method, target, rc.task, examples, settings, results_path,
-                                on_row=tracker.log_prompt, progress=progress)
-        summary = summarize(rc, method, examples, rows, reference)
-        summary["dtype"] = str(target.dtype).removeprefix("torch.")
-        summary["chat_template_kwargs"] = dict(rc.model.chat_template_kwargs)
-        summary["sandbox"] = sandbox  # the isolation generated code ran under (None: the task runs no code)
-        if "mismatched_ids" in summary:  # a lossless method at T=0: tell near-ties from real divergences
-            add_tie_diagnosis(summary, diagnose_mismatches(target, rc.task, examples, rows, reference, settings)
-                              if summary["mismatched_ids"] else [])
-        summary["run_dir"] = str(run_dir)
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-        tracker.log_summary(summary)
-        tracker.log_table("prompts", [{k: v for k, v in r.items() if k != "output_ids"} for r in rows])
+        if rc.methods:
+            summaries = compare(rc, cfg, methods, target, examples, settings, run_dir, show_progress, tracker)
+        else:
+            summaries = [run_one(rc, methods[0], target, examples, settings, run_dir, show_progress, tracker)]
+        for summary, summary_dir in summaries:
+            summary.update(dtype=str(target.dtype).removeprefix("torch."),
+                           chat_template_kwargs=dict(rc.model.chat_template_kwargs), sandbox=sandbox,
+                           run_dir=str(summary_dir))
+            (summary_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        if rc.methods:
+            tracker.log_summary({f"{s['method']}/{k}": v for s, _ in summaries for k, v in s.items()})
+        else:
+            tracker.log_summary(summaries[0][0])
+        rows = [summary_row(s, d) for s, d in summaries]
+        tracker.log_table("comparison", rows)
     finally:
         tracker.finish()
-    log.info("summary: %s", json.dumps({k: summary[k] for k in ("method", "dtype", "tokens_per_s", "tau", "speedup",
-                                                                 "match_rate", "match_ties", "match_divergences")
-                                        if k in summary}))
-    if summary.get("divergent_ids"):
-        log.warning("%s: %d prompt(s) diverge from AR beyond a numeric near-tie (not explained by %s rounding): %s",
-                    method.name, len(summary["divergent_ids"]), summary["dtype"], ", ".join(summary["divergent_ids"]))
+    finish_table(rows, rc, run_dir)
+    for summary, _ in summaries:
+        if summary.get("divergent_ids"):
+            log.warning("%s: %d prompt(s) diverge from AR beyond a numeric near-tie (not explained by %s rounding): "
+                        "%s", summary["method"], len(summary["divergent_ids"]), summary["dtype"],
+                        ", ".join(summary["divergent_ids"]))
+    if rc.methods:
+        comparison = {"methods": [s for s, _ in summaries], "run_dir": str(run_dir)}
+        (run_dir / "comparison.json").write_text(json.dumps(comparison, indent=2))
+        return comparison
+    return summaries[0][0]
+
+
+def run_one(rc: RunConfig, method: Method, target, examples, settings, run_dir: Path, show_progress: bool,
+            tracker) -> tuple[dict, Path]:
+    """`method` over every example, against the AR reference (run first, or reused)."""
+    reference = None
+    if method.name != "ar" and rc.reference.enabled:
+        reference = run_reference(rc, target, examples, settings, run_dir, show_progress)
+    results_path = run_dir / "results.jsonl"
+    done = len(read_results(results_path))
+    with RunProgress(method.name, len(examples), min(done, len(examples)), show_progress) as progress:
+        rows = run_examples(method, target, rc.task, examples, settings, results_path,
+                            on_row=tracker.log_prompt, progress=progress)
+    tracker.log_table("prompts", [{k: v for k, v in r.items() if k != "output_ids"} for r in rows])
+    return finish_summary(rc, method, target, examples, rows, reference, settings), run_dir
+
+
+def compare(rc: RunConfig, cfg: DictConfig, methods: list[Method], target, examples, settings, run_dir: Path,
+            show_progress: bool, tracker) -> list[tuple[dict, Path]]:
+    """Every method on every prompt, interleaved per prompt with AR first, so each ratio is measured
+    under the same machine load (the machine may be shared); one results.jsonl per method in
+    <run dir>/<method>/, resumable like a single run."""
+    dirs = [run_dir / m.name for m in methods]
+    done = []
+    for method, method_dir in zip(methods, dirs):
+        method_dir.mkdir(exist_ok=True)
+        config = OmegaConf.to_container(cfg, resolve=True)  # as a single run of this method would have it
+        config.update(method=OmegaConf.to_container(OmegaConf.structured(method.config)), methods=[])
+        (method_dir / "run_config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(config)))
+        done.append(read_results(method_dir / "results.jsonl", repair=True))
+    if settings.warmup:
+        for method, rows in zip(methods, done):
+            todo = [ex for ex in examples if ex.id not in rows]
+            if todo:
+                warm_up(method, target, rc.task, todo[0], settings)
+    total = len(examples) * len(methods)
+    finished = sum(len([ex for ex in examples if ex.id in rows]) for rows in done)
+    with RunProgress(" vs ".join(m.name for m in methods), total, finished, show_progress) as progress:
+        for example in examples:
+            for method, method_dir, rows in zip(methods, dirs, done):
+                if example.id in rows:
+                    continue
+                row = generate_example(method, target, rc.task, example, settings, progress.step_callback())
+                append_result(method_dir / "results.jsonl", row)
+                rows[example.id] = row
+                progress.finish_example(row, method.name)
+                tracker.log_prompt({"method": method.name, **row})
+    ordered = [[rows[ex.id] for ex in examples if ex.id in rows] for rows in done]
+    tracker.log_table("prompts", [{"method": m.name, **{k: v for k, v in r.items() if k != "output_ids"}}
+                                  for m, rows in zip(methods, ordered) for r in rows])
+    reference = ordered[0]  # AR's rows (compose_methods puts AR first)
+    return [(finish_summary(rc, method, target, examples, rows, None if method.name == "ar" else reference,
+                            settings), method_dir)
+            for method, method_dir, rows in zip(methods, dirs, ordered)]
+
+
+def finish_summary(rc: RunConfig, method: Method, target, examples, rows: list[dict], reference, settings) -> dict:
+    summary = summarize(rc, method, examples, rows, reference)
+    if "mismatched_ids" in summary:  # a lossless method at T=0: tell near-ties from real divergences
+        add_tie_diagnosis(summary, diagnose_mismatches(target, rc.task, examples, rows, reference, settings)
+                          if summary["mismatched_ids"] else [])
     return summary
+
+
+def compose_methods(names: list[str]):
+    """The method configs of conf/method/<name>.yaml for each name, AR first (added if missing)."""
+    from hydra import compose, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    from pipeline.cli import group_options
+    from pipeline.errors import ConfigError
+
+    ordered = ["ar", *dict.fromkeys(n for n in names if n != "ar")]
+
+    def load():
+        known = group_options("method")
+        for name in ordered:
+            if name not in known:
+                raise ConfigError(f"methods: '{name}' is not a method option; choose from: {', '.join(known)}")
+        return [OmegaConf.to_object(compose("config", overrides=[f"method={n}"])).method for n in ordered]
+
+    if GlobalHydra.instance().is_initialized():  # inside the Hydra app
+        return load()
+    with initialize_config_module(config_module="conf", version_base="1.3"):
+        return load()
+
+
+def finish_table(rows: list[dict], rc: RunConfig, run_dir: Path) -> None:
+    """The end-of-run table: printed (rich on a terminal), logged, and written to summary.md."""
+    title = f"{rc.model.name} on {rc.task.name}, T={rc.temperature:g}"
+    table.show(rows, title)
+    log.info("results (%s):\n%s", title, table.plain(rows))
+    (run_dir / "summary.md").write_text(f"# {title}\n\n{table.markdown(rows)}\n"
+                                        f"Run dir: `{run_dir}`. {table.LEGEND}\n")
 
 
 def _check_resume(cfg: DictConfig, run_dir: Path) -> None:

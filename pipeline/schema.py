@@ -41,6 +41,9 @@ class ReferenceConfig:
 class RunConfig:
     model: ModelConfig = MISSING
     method: Any = MISSING  # one of decoding.method_configs(); validated by its own schema
+    # compare these method options (conf/method/<name>.yaml) in one job, interleaved per prompt, AR first
+    # (added if missing); `method` is then unused. Empty: run `method` alone against its AR reference.
+    methods: list[str] = field(default_factory=list)
     task: TaskConfig = MISSING
     tracker: TrackerConfig = MISSING
     drafter: Optional[DrafterConfig] = None  # drafter-verifier methods only (sd, spec_cascade, via_sd)

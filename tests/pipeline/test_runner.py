@@ -166,3 +166,67 @@ def test_chat_template_kwargs_reach_the_template_and_the_summary(tiny_model_dirs
                   tmp_path / "run", show_progress=False)
     assert prompts and all(p.endswith("<|assistant|>nothink:") for p in prompts)
     assert summary["chat_template_kwargs"] == {"enable_thinking": False}
+
+
+def test_a_run_ends_with_a_rounded_table_printed_logged_and_in_summary_md(tiny_model_dirs, tmp_path, capsys, caplog):
+    with caplog.at_level("INFO"):
+        summary = run(job_config(tiny_model_dirs["llama"], tmp_path, "method=pld"), tmp_path / "run",
+                      show_progress=False)
+    printed = capsys.readouterr().out
+    header = next(line for line in printed.splitlines() if line.startswith("method"))
+    assert all(col in header for col in ("tok/s", "AR tok/s", "speedup", "τ", "DE", "match vs AR", "AR quality"))
+    row = next(line for line in printed.splitlines() if line.startswith("pld"))
+    assert f"{summary['speedup']:.2f}x" in row and f"{summary['tokens_per_s']:.1f}" in row and "pass@1" in row
+    assert str(summary["tokens_per_s"]) not in printed  # rounded, not the raw float
+    md = (tmp_path / "run" / "summary.md").read_text()
+    assert "| pld | humaneval | 3 |" in md and "Speedup: tokens/s" in md
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("results (") and "pld" in m for m in messages)
+    # stderr is no terminal here: one progress line per finished prompt, with tok/s and tau
+    assert sum(m.startswith("pld ") and "/3 HumanEval/" in m and "tok/s, tau" in m for m in messages) == 3
+
+
+def test_methods_compared_in_one_job_interleaved_per_prompt_ar_first(tiny_model_dirs, tmp_path, monkeypatch, capsys):
+    import pipeline.runner as runner
+
+    calls = []
+    real = runner.generate_example
+
+    def recording(method, target, task_cfg, example, settings, on_step=None):
+        calls.append((method.name, example.id))
+        return real(method, target, task_cfg, example, settings, on_step)
+
+    monkeypatch.setattr(runner, "generate_example", recording)
+    cfg = job_config(tiny_model_dirs["llama"], tmp_path, "task.limit=2", "methods=[pld,ptd]")
+    run_dir = tmp_path / "run"
+    comparison = run(cfg, run_dir, show_progress=False)
+    ids = ["HumanEval/0", "HumanEval/1"]
+    assert calls == [(m, i) for i in ids for m in ("ar", "pld", "ptd")]
+    by_name = {s["method"]: s for s in comparison["methods"]}
+    assert list(by_name) == ["ar", "pld", "ptd"]
+    assert by_name["pld"]["match_rate"] == 1.0 and by_name["ptd"]["match_rate"] == 1.0  # lossless, same job's AR
+    ar_tps = by_name["ar"]["tokens_per_s"]
+    assert by_name["ptd"]["speedup"] == pytest.approx(by_name["ptd"]["tokens_per_s"] / ar_tps)
+    for name in by_name:
+        assert [r["id"] for r in read_rows(run_dir / name / "results.jsonl")] == ids
+        assert json.loads((run_dir / name / "summary.json").read_text())["method"] == name
+    printed = capsys.readouterr().out
+    assert [line.split()[0] for line in printed.splitlines() if line.split()[:1] in (["ar"], ["pld"], ["ptd"])] == \
+        ["ar", "pld", "ptd"]
+    md = (run_dir / "summary.md").read_text()
+    assert all(f"| {name} | humaneval | 2 |" in md for name in by_name)
+
+    calls.clear()  # rerun into the same dir: every prompt of every method is finished, nothing runs again
+    again = run(cfg, run_dir, show_progress=False)
+    assert calls == [] and [s["tokens_per_s"] for s in again["methods"]] == [s["tokens_per_s"] for s in comparison["methods"]]
+
+    from pipeline.report import collect  # the report reads the comparison as three runs, nothing unfinished
+    collected = collect([run_dir])
+    assert [r["method"] for r in collected.rows] == ["ar", "pld", "ptd"] and collected.notes == []
+
+
+def test_an_unknown_method_in_methods_is_one_line(tiny_model_dirs, tmp_path):
+    from pipeline.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"methods: 'nope' is not a method option; choose from: .*ptd"):
+        run(job_config(tiny_model_dirs["llama"], tmp_path, "methods=[pld,nope]"), tmp_path / "run", show_progress=False)
