@@ -93,14 +93,15 @@ def run_reference(cfg: RunConfig, target, examples, settings, run_dir: Path, sho
 
 
 def run(cfg: DictConfig, run_dir: Path, show_progress: bool = True) -> dict:
-    """One job. With `methods=[...]` it compares them (AR first) interleaved per prompt and returns
-    the comparison ({"methods": [summary, ...]}); otherwise it runs `method` and returns its summary."""
+    """One job. With `method` set it runs that method against AR and returns its summary; without, it
+    compares `methods` (AR first) interleaved per prompt and returns {"methods": [summary, ...]}."""
     rc = to_run_config(cfg)
     if rc.threads:
         torch.set_num_threads(rc.threads)
     run_dir.mkdir(parents=True, exist_ok=True)
     _check_resume(cfg, run_dir)
-    method_cfgs = compose_methods(rc.methods) if rc.methods else [rc.method]
+    comparing = rc.method is None
+    method_cfgs = compose_methods(rc.methods) if comparing else [rc.method]
 
     sandbox = None
     if rc.task.name in CODE_TASKS:  # generated code will run: check its isolation before generating
@@ -114,11 +115,11 @@ def run(cfg: DictConfig, run_dir: Path, show_progress: bool = True) -> dict:
         chat_template_kwargs=dict(rc.model.chat_template_kwargs))
     methods = [build_method(m, target, rc.drafter) for m in method_cfgs]
 
-    label = "compare" if rc.methods else methods[0].name
+    label = "compare" if comparing else methods[0].name
     tracker = make_tracker(rc.tracker, OmegaConf.to_container(cfg, resolve=True), run_dir, job_type=label,
                            tags=[rc.model.name, rc.task.name, f"T{rc.temperature:g}"])
     try:
-        if rc.methods:
+        if comparing:
             summaries = compare(rc, cfg, methods, target, examples, settings, run_dir, show_progress, tracker)
         else:
             summaries = [run_one(rc, methods[0], target, examples, settings, run_dir, show_progress, tracker)]
@@ -127,7 +128,7 @@ def run(cfg: DictConfig, run_dir: Path, show_progress: bool = True) -> dict:
                            chat_template_kwargs=dict(rc.model.chat_template_kwargs), sandbox=sandbox,
                            run_dir=str(summary_dir))
             (summary_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-        if rc.methods:
+        if comparing:
             tracker.log_summary({f"{s['method']}/{k}": v for s, _ in summaries for k, v in s.items()})
         else:
             tracker.log_summary(summaries[0][0])
@@ -141,7 +142,7 @@ def run(cfg: DictConfig, run_dir: Path, show_progress: bool = True) -> dict:
             log.warning("%s: %d prompt(s) diverge from AR beyond a numeric near-tie (not explained by %s rounding): "
                         "%s", summary["method"], len(summary["divergent_ids"]), summary["dtype"],
                         ", ".join(summary["divergent_ids"]))
-    if rc.methods:
+    if comparing:
         comparison = {"methods": [s for s, _ in summaries], "run_dir": str(run_dir)}
         (run_dir / "comparison.json").write_text(json.dumps(comparison, indent=2))
         return comparison
@@ -237,7 +238,11 @@ def finish_table(rows: list[dict], rc: RunConfig, run_dir: Path) -> None:
     """The end-of-run table: printed (rich on a terminal), logged, and written to summary.md."""
     title = f"{rc.model.name} on {rc.task.name}, T={rc.temperature:g}"
     table.show(rows, title)
-    log.info("results (%s):\n%s", title, table.plain(rows))
+    # and into the job's log file (Hydra's <run dir>/<app>.log), not again onto the console
+    record = log.makeRecord(log.name, logging.INFO, __file__, 0, "results (%s):\n%s", (title, table.plain(rows)), None)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)
     (run_dir / "summary.md").write_text(f"# {title}\n\n{table.markdown(rows)}\n"
                                         f"Run dir: `{run_dir}`. {table.LEGEND}\n")
 

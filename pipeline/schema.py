@@ -10,7 +10,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from decoding.drafting.drafter import DrafterConfig
-from pipeline.errors import check_choice, check_range
+from pipeline.errors import ConfigError, check_choice, check_range
 from pipeline.models import ModelConfig
 from pipeline.tasks.base import TaskConfig
 
@@ -40,9 +40,9 @@ class ReferenceConfig:
 @dataclass
 class RunConfig:
     model: ModelConfig = MISSING
-    method: Any = MISSING  # one of decoding.method_configs(); validated by its own schema
-    # compare these method options (conf/method/<name>.yaml) in one job, interleaved per prompt, AR first
-    # (added if missing); `method` is then unused. Empty: run `method` alone against its AR reference.
+    method: Any = None  # one of decoding.method_configs(), validated by its own schema: run it alone vs AR
+    # with no `method`: compare these method options (conf/method/<name>.yaml) in one job, interleaved per
+    # prompt, AR first (added if missing)
     methods: list[str] = field(default_factory=list)
     task: TaskConfig = MISSING
     tracker: TrackerConfig = MISSING
@@ -60,6 +60,8 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         check_range("temperature", self.temperature, 0.0)
+        if self.method is None and not self.methods:
+            raise ConfigError("no method: give method=<name> (one method against AR) or methods=[ar,pld,...]")
         check_range("warmup", self.warmup, 0)
         if self.max_new_tokens is not None:
             check_range("max_new_tokens", self.max_new_tokens, 1)

@@ -11,7 +11,7 @@ numeric near-tie; a larger one is a real divergence (a bug, if the method claims
 
 The tolerance is relative to the top logit's magnitude, in units of the dtype's machine epsilon:
 TIE_EPS x eps(dtype) x |top logit| (eps: 2**-7 bf16, 2**-10 fp16, 2**-23 fp32), i.e. 1/32 of |top|
-in bf16. Measured on SmolLM2-135M in bf16 (README, "bf16 and near-ties"): a 16-row verify moves the
+in bf16. Measured on SmolLM2-135M in bf16 (docs/gpu-bf16.md, "bf16 and near-ties"): a 16-row verify moves the
 top token's logit by up to 0.5 (2% of a top logit of ~24) relative to AR's one-row step, and the
 93 mismatches of the bf16 endogenous benchmark had margins in [-0.25, 0.25] against tolerances of
 0.19-1.14 there (benchmarks/tie_margins.py); a wrong token (a bug) sits several logits away. `ar_top` != `ar_token`

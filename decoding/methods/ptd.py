@@ -50,7 +50,7 @@ class PTDConfig:
     _target_: str = "decoding.methods.ptd.PTD"
     name: str = "ptd"
     # No public code or reported defaults: these are the reconstruction's defaults, measured on
-    # SmolLM2-135M (README, PTD ablation); tuned values: ptd_tuned.
+    # SmolLM2-135M (docs/methods/endogenous.md, PTD ablation); tuned values: ptd_tuned.
     width: int = 3  # issue #3 "width": max children per parent, highest probability first
     depth: int = 4  # issue #3 "depth threshold" of the sliding window (forest subtrees <= depth - 1 deep)
     num_seeds: int = 2  # issue #3 "number of seeds": subtrees in the draft forest

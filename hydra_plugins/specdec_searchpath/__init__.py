@@ -9,4 +9,5 @@ from pipeline.resources import user_conf
 
 class UserConfigSearchPath(SearchPathPlugin):
     def manipulate_search_path(self, search_path: ConfigSearchPath) -> None:
-        search_path.prepend(provider="specdec-user", path=f"file://{user_conf()}")
+        if user_conf().is_dir():  # nothing exported yet: nothing to search (and no Hydra warning)
+            search_path.prepend(provider="specdec-user", path=f"file://{user_conf()}")

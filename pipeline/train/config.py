@@ -40,7 +40,7 @@ class DrafterTrainConfig:
     gru_hidden_dim: int = 256  # Domino; Qwen3-8B checkpoint: 1024
     emb_dim: int = 64  # Domino correction rank; Qwen3-8B checkpoint: 256
     pure_draft_prefix_len: int = 1  # Domino: first draft position uses the base logits
-    shift_label: bool = False  # see README: keeps DFlash's row semantics so the backbone carries over
+    shift_label: bool = False  # see docs/methods/block-diffusion.md: keeps DFlash's row semantics so the backbone carries over
     steps: int = 300
     time_budget_min: float = 40.0  # stop (and save) after this many minutes even before `steps`
     seqs_per_step: int = 4  # training sequences per optimizer step

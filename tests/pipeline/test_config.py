@@ -20,11 +20,18 @@ def compose_run(overrides):
     return OmegaConf.to_object(cfg)
 
 
-def test_default_config_is_offline_smollm2_humaneval_ar():
+def test_default_config_compares_ar_pld_ptd_offline_on_smollm2_humaneval():
     rc = compose_run([])
     assert isinstance(rc, RunConfig)
-    assert (rc.model.name, rc.task.name, rc.method.name, rc.tracker.kind) == ("smollm2-135m", "humaneval", "ar", "wandb")
+    assert (rc.model.name, rc.task.name, rc.method, rc.methods, rc.tracker.kind) == \
+        ("smollm2-135m", "humaneval", None, ["ar", "pld", "ptd"], "wandb")
     assert rc.model.source == "gguf_wheel" and rc.tracker.mode == "offline"
+    assert compose_run(["method=ptd"]).method.name == "ptd"  # one method alone
+
+
+def test_no_method_and_no_methods_is_one_line():
+    assert first_config_problem(["methods=[]"]) == \
+        "no method: give method=<name> (one method against AR) or methods=[ar,pld,...]"
 
 
 @pytest.mark.parametrize("model", MODELS)

@@ -14,6 +14,23 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
+def test_the_default_main_job_compares_ar_pld_ptd_and_prints_the_table(tmp_path):
+    """`python -m pipeline` as the README's quickstart runs it (fewer tokens): one job, three methods."""
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "pipeline", "task.limit=2", "max_new_tokens=32", "tracker=none",
+           f"hydra.run.dir={run_dir}", f"outputs_root={tmp_path / 'outputs'}"]
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=1200)  # from another dir
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert any(line.startswith("method") and "speedup" in line and "match vs AR" in line for line in lines)
+    assert [line.split()[0] for line in lines if line.split()[:1] in (["ar"], ["pld"], ["ptd"])] == ["ar", "pld", "ptd"]
+    comparison = json.loads((run_dir / "comparison.json").read_text())
+    assert [s["method"] for s in comparison["methods"]] == ["ar", "pld", "ptd"]
+    assert all(s["num_prompts"] == 2 and s["tokens_per_s"] > 0 for s in comparison["methods"])
+    assert (run_dir / "summary.md").read_text().count("| humaneval | 2 |") == 3
+
+
+@pytest.mark.slow
 def test_main_job_on_smollm2_offline(tmp_path):
     run_dir = tmp_path / "run"
     env = {**os.environ, "WANDB_MODE": "offline"}

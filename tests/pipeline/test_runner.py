@@ -18,6 +18,8 @@ def job_config(tiny_dir: Path, tmp_path: Path, *extra):
         "task=humaneval", "task.limit=3", "max_new_tokens=12", "tracker=none", f"outputs_root={tmp_path / 'outputs'}",
         *extra,
     ]
+    if not any(o.startswith(("method=", "methods=")) for o in extra):
+        overrides.append("method=ar")
     with initialize_config_module(config_module="conf", version_base="1.3"):
         return compose("config", overrides=overrides)
 
@@ -169,10 +171,21 @@ def test_chat_template_kwargs_reach_the_template_and_the_summary(tiny_model_dirs
 
 
 def test_a_run_ends_with_a_rounded_table_printed_logged_and_in_summary_md(tiny_model_dirs, tmp_path, capsys, caplog):
-    with caplog.at_level("INFO"):
-        summary = run(job_config(tiny_model_dirs["llama"], tmp_path, "method=pld"), tmp_path / "run",
-                      show_progress=False)
+    import logging
+
+    log_file = logging.FileHandler(tmp_path / "job.log")  # as Hydra's job logging has one
+    logging.getLogger().addHandler(log_file)
+    try:
+        with caplog.at_level("INFO"):
+            summary = run(job_config(tiny_model_dirs["llama"], tmp_path, "method=pld"), tmp_path / "run",
+                          show_progress=False)
+    finally:
+        logging.getLogger().removeHandler(log_file)
+        log_file.close()
     printed = capsys.readouterr().out
+    logged = (tmp_path / "job.log").read_text()
+    assert "results (tiny-llama on humaneval, T=0):" in logged
+    assert "\npld " in logged and printed.count("\npld ") == 1
     header = next(line for line in printed.splitlines() if line.startswith("method"))
     assert all(col in header for col in ("tok/s", "AR tok/s", "speedup", "τ", "DE", "match vs AR", "AR quality"))
     row = next(line for line in printed.splitlines() if line.startswith("pld"))
@@ -181,7 +194,6 @@ def test_a_run_ends_with_a_rounded_table_printed_logged_and_in_summary_md(tiny_m
     md = (tmp_path / "run" / "summary.md").read_text()
     assert "| pld | humaneval | 3 |" in md and "Speedup: tokens/s" in md
     messages = [r.getMessage() for r in caplog.records]
-    assert any(m.startswith("results (") and "pld" in m for m in messages)
     # stderr is no terminal here: one progress line per finished prompt, with tok/s and tau
     assert sum(m.startswith("pld ") and "/3 HumanEval/" in m and "tok/s, tau" in m for m in messages) == 3
 
