@@ -29,6 +29,11 @@ def main(cfg: DictConfig) -> float | None:
     return summary.get("speedup")
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """The console script (pyproject [project.scripts]) and `python -m`."""
     precheck_overrides(sys.argv[1:])
     main()
+
+
+if __name__ == "__main__":
+    cli()

@@ -44,6 +44,11 @@ def main(cfg: DictConfig) -> float | None:
     return best["values"][0] if best else None
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """The console script (pyproject [project.scripts]) and `python -m`."""
     precheck_overrides(sys.argv[1:], config_name="search")
     main()
+
+
+if __name__ == "__main__":
+    cli()

@@ -23,6 +23,11 @@ def main(cfg: DictConfig) -> None:
         train(OmegaConf.to_object(cfg), OmegaConf.to_container(cfg, resolve=True), show_progress=sys.stderr.isatty())
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """The console script (pyproject [project.scripts]) and `python -m`."""
     precheck_overrides(sys.argv[1:], config_module="conf.train", config_name="train")
     main()
+
+
+if __name__ == "__main__":
+    cli()

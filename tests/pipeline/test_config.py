@@ -63,3 +63,16 @@ def test_bad_overrides_give_one_clear_line(override, expected):
 def test_sweep_overrides_are_checked_per_combination():
     assert first_config_problem(["task=gsm8k,humaneval", "temperature=0,0.5"]) is None
     assert first_config_problem(["task=gsm8k,bogus"]).startswith("task=bogus is not an option")
+
+
+def test_console_scripts_point_at_the_entry_points():
+    import subprocess
+    import sys
+    from importlib.metadata import entry_points
+
+    scripts = {e.name: e for e in entry_points(group="console_scripts") if e.name.startswith("specdec")}
+    assert set(scripts) == {"specdec", "specdec-search", "specdec-report", "specdec-train"}
+    assert all(callable(e.load()) for e in scripts.values())
+    proc = subprocess.run([sys.executable, "-c", "import sys; from pipeline.__main__ import cli; sys.argv = ['specdec', "
+                           "'method=nope']; cli()"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.strip().startswith("error: method=nope is not an option")
