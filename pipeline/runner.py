@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from decoding.engine.loop import Method
 from decoding.engine.target import TargetModel
-from pipeline import table
+from pipeline import provenance, table
 from pipeline.generation import (GenerationSettings, append_result, diagnose_mismatches, generate_example,
                                  read_results, run_examples, warm_up)
 from pipeline.models import load_model, stop_token_ids
@@ -27,6 +27,7 @@ from pipeline.report import summary_row
 from pipeline.schema import RunConfig
 from pipeline.summary import add_tie_diagnosis, summarize
 from pipeline.tasks import load_examples
+from pipeline.tasks.loaders import dataset_origin
 from pipeline.tasks.sandbox import configure as configure_sandbox
 from pipeline.tasks.scoring import CODE_TASKS
 from pipeline.tracking import make_tracker
@@ -116,8 +117,9 @@ def run(cfg: DictConfig, run_dir: Path, show_progress: bool = True) -> dict:
     methods = [build_method(m, target, rc.drafter) for m in method_cfgs]
 
     label = "compare" if comparing else methods[0].name
-    tracker = make_tracker(rc.tracker, OmegaConf.to_container(cfg, resolve=True), run_dir, job_type=label,
-                           tags=[rc.model.name, rc.task.name, f"T{rc.temperature:g}"])
+    origin = provenance.record(rc.model, model, dataset_origin(rc.task), target)
+    tracker = make_tracker(rc.tracker, {**OmegaConf.to_container(cfg, resolve=True), "provenance": origin}, run_dir,
+                           job_type=label, tags=[rc.model.name, rc.task.name, f"T{rc.temperature:g}"])
     try:
         if comparing:
             summaries = compare(rc, cfg, methods, target, examples, settings, run_dir, show_progress, tracker)
@@ -126,7 +128,7 @@ def run(cfg: DictConfig, run_dir: Path, show_progress: bool = True) -> dict:
         for summary, summary_dir in summaries:
             summary.update(dtype=str(target.dtype).removeprefix("torch."),
                            chat_template_kwargs=dict(rc.model.chat_template_kwargs), sandbox=sandbox,
-                           run_dir=str(summary_dir))
+                           provenance=origin, run_dir=str(summary_dir))
             (summary_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         if comparing:
             tracker.log_summary({f"{s['method']}/{k}": v for s, _ in summaries for k, v in s.items()})

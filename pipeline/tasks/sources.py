@@ -7,9 +7,10 @@ reported as one line that points at it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
@@ -19,6 +20,7 @@ from pipeline.tasks.base import TaskDataError
 class Rows:
     rows: Sequence[dict]  # a list, or an HF Dataset (which also supports len() and [i] -> dict)
     where: Callable[[int], str]
+    origin: dict = field(default_factory=dict)  # where the rows came from, with a revision (provenance)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -48,7 +50,8 @@ def read_jsonl(path: str | Path) -> Rows:
         raise TaskDataError(f"{p}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     except OSError as e:
         raise TaskDataError(f"{p}: cannot read ({e.strerror})") from None
-    return Rows(rows, lambda i: f"{p}:{linenos[i]}")
+    origin = {"source": "file", "path": str(p.resolve()), "sha256": hashlib.sha256(p.read_bytes()).hexdigest()[:16]}
+    return Rows(rows, lambda i: f"{p}:{linenos[i]}", origin)
 
 
 def load_hf(task: str, dataset: str, config: Optional[str], split: str) -> Rows:
@@ -64,7 +67,9 @@ def load_hf(task: str, dataset: str, config: Optional[str], split: str) -> Rows:
             f"task {task}: could not load HF dataset '{dataset}' (config {config}, split {split}) "
             f"[{type(e).__name__}: {detail}]; offline? give a local copy with task.path=<file>.jsonl"
         ) from None
-    return Rows(ds, lambda i: f"HF dataset {dataset}[{split}] row {i}")
+    origin = {"source": "hf", "id": dataset, "config": config, "split": split,
+              "fingerprint": getattr(ds, "_fingerprint", None)}  # the datasets cache's content hash
+    return Rows(ds, lambda i: f"HF dataset {dataset}[{split}] row {i}", origin)
 
 
 def require(row: dict, key: str | tuple[str, ...], where: str, kind: type | None = str) -> Any:

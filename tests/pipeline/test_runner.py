@@ -242,3 +242,36 @@ def test_an_unknown_method_in_methods_is_one_line(tiny_model_dirs, tmp_path):
 
     with pytest.raises(ConfigError, match=r"methods: 'nope' is not a method option; choose from: .*ptd"):
         run(job_config(tiny_model_dirs["llama"], tmp_path, "methods=[pld,nope]"), tmp_path / "run", show_progress=False)
+
+
+def test_a_rerun_into_its_run_dir_continues_the_same_wandb_run(tiny_model_dirs, tmp_path, monkeypatch):
+    """A requeued Slurm job reruns in its run dir: it resumes the W&B run (same id), not a second one."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    run_dir = tmp_path / "run"
+    cfg = job_config(tiny_model_dirs["llama"], tmp_path, "tracker=wandb", "task.limit=1")
+    run(cfg, run_dir, show_progress=False)
+    run_id = (run_dir / "wandb_run_id").read_text()
+    run(cfg, run_dir, show_progress=False)
+    assert (run_dir / "wandb_run_id").read_text() == run_id
+    offline = sorted((run_dir / "wandb").glob("offline-run-*"))
+    assert len(offline) == 2 and all(d.name.endswith(f"-{run_id}") for d in offline)
+    other = tmp_path / "other"
+    run(cfg, other, show_progress=False)
+    assert (other / "wandb_run_id").read_text() != run_id
+
+
+def test_the_summary_records_provenance(tiny_model_dirs, tmp_path):
+    import torch
+    import transformers
+
+    summary = run(job_config(tiny_model_dirs["llama"], tmp_path, "task=gsm8k", "task.limit=1"), tmp_path / "run",
+                  show_progress=False)
+    origin = json.loads((tmp_path / "run" / "summary.json").read_text())["provenance"]
+    assert origin == summary["provenance"]
+    assert len(origin["git"]["commit"]) == 40 and isinstance(origin["git"]["dirty"], bool)
+    assert origin["versions"]["torch"] == torch.__version__.split("+")[0] or origin["versions"]["torch"] == torch.__version__
+    assert origin["versions"]["transformers"] == transformers.__version__
+    assert origin["model"]["id"] == str(tiny_model_dirs["llama"]) and origin["model"]["name"] == "tiny-llama"
+    assert origin["dataset"]["task"] == "gsm8k" and origin["dataset"]["path"].endswith("assets/data/gsm8k_test.jsonl")
+    assert len(origin["dataset"]["sha256"]) == 16 and origin["dataset"]["limit"] == 1
+    assert origin["dtype"] == "float32" and origin["device"] == "cpu" and origin["threads"] >= 1
