@@ -31,6 +31,9 @@ def main(cfg: DictConfig) -> float | None:
 
 def cli() -> None:
     """The console script (pyproject [project.scripts]) and `python -m`."""
+    from pipeline.help import pipeline_help, print_help_if_asked
+
+    print_help_if_asked(sys.argv[1:], pipeline_help)
     precheck_overrides(sys.argv[1:])
     main()
 

@@ -46,6 +46,9 @@ def main(cfg: DictConfig) -> float | None:
 
 def cli() -> None:
     """The console script (pyproject [project.scripts]) and `python -m`."""
+    from pipeline.help import search_help, print_help_if_asked
+
+    print_help_if_asked(sys.argv[1:], search_help)
     precheck_overrides(sys.argv[1:], config_name="search")
     main()
 
