@@ -39,7 +39,8 @@ def options(group: str) -> list[tuple[str, str]]:
 
 def section(title: str, group: str) -> str:
     rows = options(group)
-    return f"{title}\n" + "".join(f"  {name:<22}{text}\n" for name, text in rows)
+    pad = max([22, *(len(name) + 2 for name, _ in rows)])
+    return f"{title}\n" + "".join(f"  {name:<{pad}}{text}\n" for name, text in rows)
 
 
 def pipeline_help() -> str:
