@@ -42,9 +42,14 @@ def bars(rows: list[dict], metric: str, ylabel: str, path: Path, reference: floa
         tasks, methods = tasks_of(sub), sorted({label(r) for r in sub}, key=lambda m: (not m.startswith("ar"), m))
         width = 0.8 / max(1, len(methods))
         for j, method in enumerate(methods):
-            values = {r["task"]: r[metric] for r in sub if label(r) == method}
-            xs = [i + (j - (len(methods) - 1) / 2) * width for i, t in enumerate(tasks) if t in values]
-            drawn = ax.bar(xs, [values[t] for t in tasks if t in values], width, label=method)
+            mine = {r["task"]: r for r in sub if label(r) == method}
+            xs = [i + (j - (len(methods) - 1) / 2) * width for i, t in enumerate(tasks) if t in mine]
+            shown = [mine[t] for t in tasks if t in mine]
+            # error bars: the std over repeats (speedup with repeats=N); n: prompts per bar
+            errors = [r.get(f"{metric}_std") or 0.0 for r in shown]
+            n = sorted({r["num_prompts"] for r in shown})
+            drawn = ax.bar(xs, [r[metric] for r in shown], width, yerr=errors if any(errors) else None, capsize=3,
+                           label=f"{method} (n={'/'.join(map(str, n))})")
             ax.bar_label(drawn, fmt="%.2f", fontsize=7)
         if reference is not None:
             ax.axhline(reference, color="grey", linewidth=0.8, linestyle="--")

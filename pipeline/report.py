@@ -18,9 +18,12 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hydra.experimental.callback import Callback
+
 from pipeline import table
 
-COLUMNS = ("model", "task", "temperature", "method", "settings", "dtype", "num_prompts", "speedup", "tau",
+COLUMNS = ("model", "task", "temperature", "method", "settings", "dtype", "num_prompts", "speedup", "speedup_std",
+           "repeats", "tau",
            "decoding_efficiency", "quality_metric", "quality", "ar_quality", "match_rate", "match_ties",
            "match_divergences", "rejection_rate",
            "draft_redundancy", "tokens_per_s", "ar_tokens_per_s", "num_drafts", "num_draft_tokens", "num_accepted_tokens",
@@ -83,7 +86,8 @@ def summary_row(s: dict, run_dir: Path) -> dict:
     return {
         "model": s["model"], "task": s["task"], "temperature": float(s["temperature"]), "method": s["method"],
         "settings": method_settings(run_dir, s["method"]), "num_prompts": s["num_prompts"],
-        "speedup": s.get("speedup"), "tau": s.get("tau"), "decoding_efficiency": s.get("decoding_efficiency"),
+        "speedup": s.get("speedup"), "speedup_std": s.get("speedup_std"), "repeats": s.get("repeats"),
+        "tau": s.get("tau"), "decoding_efficiency": s.get("decoding_efficiency"),
         "quality_metric": metric, "quality": (s.get("quality") or {}).get(metric) if metric else None,
         "ar_quality": (s.get("ar_quality") or {}).get(metric) if metric else None,
         "match_rate": s.get("match_rate"),
@@ -230,6 +234,20 @@ def main(argv: list[str] | None = None) -> int:
     print(to_markdown(collected))
     print(f"wrote {out / 'report.md'}, {out / 'report.csv'}" + "".join(f", {p}" for p in images))
     return 0
+
+
+
+class SweepReport(Callback):
+    """Hydra callback (conf/config.yaml `hydra.callbacks`): a `-m` sweep ends by reporting itself, the
+    comparison table printed and report.md / report.csv / plots written to <sweep dir>/report."""
+
+    def on_multirun_end(self, config, **kwargs) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
+        if not sweep_dir.is_dir():
+            return
+        code = main([str(sweep_dir)])
+        if code:
+            print(f"the sweep's report failed (exit {code}); rerun: python -m pipeline.report {sweep_dir}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from pipeline.report import summary_row
 from pipeline.schema import RunConfig
 from pipeline.summary import add_tie_diagnosis, summarize
 from pipeline.tasks import load_examples
-from pipeline.tasks.loaders import dataset_origin
+from pipeline.tasks.loaders import dataset_origin, repeat_examples
 from pipeline.tasks.sandbox import configure as configure_sandbox
 from pipeline.tasks.scoring import CODE_TASKS
 from pipeline.tracking import make_tracker
@@ -59,6 +59,7 @@ def reference_fingerprint(cfg: RunConfig, settings: GenerationSettings) -> tuple
         "model": OmegaConf.to_container(OmegaConf.structured(cfg.model)),
         "task": OmegaConf.to_container(OmegaConf.structured(cfg.task)),
         "max_new_tokens": settings.max_new_tokens, "temperature": settings.temperature, "seed": settings.seed,
+        **({"repeats": cfg.repeats} if cfg.repeats > 1 else {}),  # (absent for 1: older references stay valid)
         "machine": machine_id(),
     }
     digest = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
@@ -107,7 +108,7 @@ def run(cfg: DictConfig, run_dir: Path, show_progress: bool = True) -> dict:
     sandbox = None
     if rc.task.name in CODE_TASKS:  # generated code will run: check its isolation before generating
         sandbox = configure_sandbox(rc.task.sandbox)
-    examples = load_examples(rc.task)
+    examples = repeat_examples(load_examples(rc.task), rc.repeats)
     model, tokenizer = load_model(rc.model)
     target = TargetModel(model, tokenizer)
     settings = GenerationSettings(

@@ -55,6 +55,9 @@ class RunConfig:
     max_new_tokens: Optional[int] = None  # overrides task.max_new_tokens
     threads: Optional[int] = None  # torch CPU threads (None = torch's default)
     warmup: int = 1  # untimed generations before measuring (first-call overheads)
+    # each prompt this many times (the whole prompt set once per repeat, ids "<id>#<r>" for r > 0);
+    # tables show speedup as mean ± std over the repeats (Spec-Bench reports 3)
+    repeats: int = 1
     reference: ReferenceConfig = field(default_factory=ReferenceConfig)
     outputs_root: str = "outputs"  # where AR references are cached for reuse
 
@@ -63,6 +66,7 @@ class RunConfig:
         if self.method is None and not self.methods:
             raise ConfigError("no method: give method=<name> (one method against AR) or methods=[ar,pld,...]")
         check_range("warmup", self.warmup, 0)
+        check_range("repeats", self.repeats, 1)
         if self.max_new_tokens is not None:
             check_range("max_new_tokens", self.max_new_tokens, 1)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import statistics
+
 from pipeline.tasks import QUALITY_METRIC, aggregate_quality
 
 SUM_KEYS = ("new_tokens", "wall_s", "prefill_s", "draft_s", "verify_s", "other_s", "target_forwards", "num_steps",
@@ -55,6 +57,7 @@ def summarize(cfg, method, examples, rows: list[dict], reference: list[dict] | N
                        match_divergences=0)
     elif reference:
         summary.update(compare_to_reference(rows, reference, check_match=method.lossless and cfg.temperature == 0))
+        summary.update(repeat_spread(rows, reference))
         ref_examples = [by_id[r["id"]] for r in reference if r["id"] in by_id]
         summary["ar_quality"] = aggregate_quality(cfg.task.name, ref_examples, [r["outputs"] for r in reference],
                                                   [r["quality"] for r in reference])
@@ -75,6 +78,25 @@ def compare_to_reference(rows: list[dict], reference: list[dict], check_match: b
         out["match_rate"] = sum(matches) / len(matches)
         out["mismatched_ids"] = [r["id"] for r, m in zip(both, matches) if not m]
     return out
+
+
+def repeat_spread(rows: list[dict], reference: list[dict]) -> dict:
+    """With repeats: the speedup of each repeat (its rows against AR's rows of the same repeat) and
+    their mean ± sample std, as Spec-Bench reports it; nothing for a single pass."""
+    from pipeline.tasks.loaders import repeat_of
+
+    passes = sorted({repeat_of(r["id"]) for r in rows})
+    if len(passes) < 2:
+        return {}
+    speedups = []
+    for p in passes:
+        ratio = compare_to_reference([r for r in rows if repeat_of(r["id"]) == p], reference, check_match=False)
+        if "speedup" in ratio:
+            speedups.append(ratio["speedup"])
+    if len(speedups) < 2:
+        return {}
+    return {"repeats": len(speedups), "speedup_per_repeat": speedups, "speedup_mean": statistics.mean(speedups),
+            "speedup_std": statistics.stdev(speedups)}
 
 
 def tie_counts(diagnosis: list[dict]) -> dict:

@@ -15,7 +15,7 @@ LEGEND = ("Speedup: tokens/s over the AR reference of the same model, task, sett
           "tokens per verification (bonus included). DE: new tokens per target forward (cost-weighted: a pass over "
           "k of L layers counts k/L). match: share of prompts identical to AR (lossless methods at T=0); near-tie / "
           "diverged: mismatching prompts whose first difference is a numeric near-tie of AR's logits / is not. "
-          "rejection: drafted tokens rejected.")
+          "rejection: drafted tokens rejected. With repeats=N: speedup ± the sample std of the N per-repeat speedups.")
 
 
 def fmt(value, column: str = "") -> str:

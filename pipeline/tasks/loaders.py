@@ -210,3 +210,19 @@ def load_examples(cfg: TaskConfig) -> list[Example]:
         turns = [cfg.prompt_template.replace("{input}", t) for t in turns]
         examples.append(Example(ex_id, turns, reference, meta))
     return examples
+
+
+REPEAT_SEP = "#"
+
+
+def repeat_examples(examples: list[Example], repeats: int) -> list[Example]:
+    """The prompt set `repeats` times; repeat r > 0 of example i has id "<id>#<r>" (its own row)."""
+    out = list(examples)
+    for r in range(1, repeats):
+        out += [Example(f"{ex.id}{REPEAT_SEP}{r}", ex.turns, ex.reference, {**ex.meta, "repeat": r}) for ex in examples]
+    return out
+
+
+def repeat_of(example_id: str) -> int:
+    head, sep, tail = example_id.rpartition(REPEAT_SEP)
+    return int(tail) if sep and tail.isdigit() else 0

@@ -275,3 +275,18 @@ def test_the_summary_records_provenance(tiny_model_dirs, tmp_path):
     assert origin["dataset"]["task"] == "gsm8k" and origin["dataset"]["path"].endswith("assets/data/gsm8k_test.jsonl")
     assert len(origin["dataset"]["sha256"]) == 16 and origin["dataset"]["limit"] == 1
     assert origin["dtype"] == "float32" and origin["device"] == "cpu" and origin["threads"] >= 1
+
+
+def test_repeats_run_every_prompt_n_times_and_report_speedup_mean_and_std(tiny_model_dirs, tmp_path, capsys):
+    cfg = job_config(tiny_model_dirs["llama"], tmp_path, "task.limit=2", "methods=[pld]", "repeats=3")
+    comparison = run(cfg, tmp_path / "run", show_progress=False)
+    ar, pld = comparison["methods"]
+    ids = [r["id"] for r in read_rows(tmp_path / "run" / "pld" / "results.jsonl")]
+    assert ids == ["HumanEval/0", "HumanEval/1", "HumanEval/0#1", "HumanEval/1#1", "HumanEval/0#2", "HumanEval/1#2"]
+    assert pld["repeats"] == 3 and len(pld["speedup_per_repeat"]) == 3 and pld["num_prompts"] == 6
+    import statistics
+
+    assert pld["speedup_std"] == pytest.approx(statistics.stdev(pld["speedup_per_repeat"]))
+    assert pld["match_rate"] == 1.0  # greedy repeats of a lossless method still equal AR, row by row
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("pld"))
+    assert f"{pld['speedup']:.2f}x ± {pld['speedup_std']:.2f}" in row

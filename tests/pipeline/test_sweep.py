@@ -25,6 +25,9 @@ def sweep(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
 def test_sweep_over_methods_and_tasks_gives_one_report_with_all_rows(tiny_model_dirs, tmp_path):
     proc = sweep(tmp_path, "method=ar,pld", "task=humaneval,gsm8k", f"model.path={tiny_model_dirs['llama']}")
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # the sweep reported itself at its end (the SweepReport callback): the table printed, the files written
+    assert "| tiny | gsm8k | 0 | pld |" in proc.stdout and "| tiny | humaneval | 0 | ar |" in proc.stdout
+    assert (tmp_path / "sweep" / "report" / "report.md").read_text().count("| tiny |") == 4
     out = tmp_path / "report"
     rep = subprocess.run([sys.executable, "-m", "pipeline.report", str(tmp_path / "sweep"), "--out", str(out)],
                          cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300)
