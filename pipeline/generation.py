@@ -77,6 +77,8 @@ def generate_example(method: Method, target: TargetModel, task_cfg, example: Exa
         output_ids.append(state.new_tokens)
         stats.merge(state.stats)
     row = {"id": example.id, **stats.to_dict(), "outputs": texts, "output_ids": output_ids}
+    if example.meta.get("category") is not None:  # MT-Bench / Spec-Bench: results break down by it
+        row["category"] = example.meta["category"]
     row["quality"] = score_example(task_cfg.name, example, texts)
     return row
 

@@ -101,8 +101,12 @@ def summary_row(s: dict, run_dir: Path) -> dict:
         "num_accepted_tokens": s.get("num_accepted_tokens"), "lossless": s.get("lossless"),
         "experiment": s.get("experiment"),
         "ar_reference": json.loads(reference.read_text()).get("fingerprint") if reference.exists() else None,
-        "run_dir": str(run_dir),
+        "run_dir": str(run_dir), "_summary": {"method": s["method"], "by_category": s.get("by_category")},
     }
+
+
+def label_of(row: dict) -> str:
+    return row["method"] + (f" ({row['settings']})" if row["settings"] else "")
 
 
 def method_settings(run_dir: Path, method: str) -> str:
@@ -177,6 +181,10 @@ def unfinished_runs(root: Path, skip: set[str]) -> list[str]:
 def to_markdown(collected: Collected) -> str:
     text = table.LEGEND + "\n\n"
     text += table.markdown(collected.rows, MARKDOWN_COLUMNS)
+    categories = [{**c, "method": f"{r['model']}/{r['task']}/T={r['temperature']:g} {label_of(r)}"}
+                  for r in collected.rows for c in table.category_rows([r["_summary"]])]
+    if categories:
+        text += "\nBy category (Spec-Bench's layout):\n\n" + table.markdown(categories, table.CATEGORY_COLUMNS)
     if collected.notes:
         text += "\nNotes:\n" + "".join(f"- {n}\n" for n in collected.notes)
     return text

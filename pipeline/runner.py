@@ -137,9 +137,12 @@ def run(cfg: DictConfig, run_dir: Path, show_progress: bool = True) -> dict:
             tracker.log_summary(summaries[0][0])
         rows = [summary_row(s, d) for s, d in summaries]
         tracker.log_table("comparison", rows)
+        categories = table.category_rows([s for s, _ in summaries])
+        if categories:
+            tracker.log_table("categories", categories)
     finally:
         tracker.finish()
-    finish_table(rows, rc, run_dir)
+    finish_table(rows, categories, rc, run_dir)
     for summary, _ in summaries:
         if summary.get("divergent_ids"):
             log.warning("%s: %d prompt(s) diverge from AR beyond a numeric near-tie (not explained by %s rounding): "
@@ -237,17 +240,24 @@ def compose_methods(names: list[str]):
         return load()
 
 
-def finish_table(rows: list[dict], rc: RunConfig, run_dir: Path) -> None:
-    """The end-of-run table: printed (rich on a terminal), logged, and written to summary.md."""
+def finish_table(rows: list[dict], categories: list[dict], rc: RunConfig, run_dir: Path) -> None:
+    """The end-of-run table (and the per-category one, where the task has categories): printed (rich on
+    a terminal), written to the job's log file and to summary.md."""
     title = f"{rc.model.name} on {rc.task.name}, T={rc.temperature:g}"
-    table.show(rows, title)
-    # and into the job's log file (Hydra's <run dir>/<app>.log), not again onto the console
-    record = log.makeRecord(log.name, logging.INFO, __file__, 0, "results (%s):\n%s", (title, table.plain(rows)), None)
-    for handler in logging.getLogger().handlers:
-        if isinstance(handler, logging.FileHandler):
-            handler.handle(record)
-    (run_dir / "summary.md").write_text(f"# {title}\n\n{table.markdown(rows)}\n"
-                                        f"Run dir: `{run_dir}`. {table.LEGEND}\n")
+    tables = [(title, rows, table.RUN_COLUMNS)]
+    if categories:
+        tables.append((f"{title}, by category", categories, table.CATEGORY_COLUMNS))
+    markdown = []
+    for name, body, columns in tables:
+        table.show(body, name, columns)
+        # into the job's log file (Hydra's <run dir>/<app>.log), not again onto the console
+        record = log.makeRecord(log.name, logging.INFO, __file__, 0, "results (%s):\n%s",
+                                (name, table.plain(body, columns)), None)
+        for handler in logging.getLogger().handlers:
+            if isinstance(handler, logging.FileHandler):
+                handler.handle(record)
+        markdown.append(f"# {name}\n\n{table.markdown(body, columns)}")
+    (run_dir / "summary.md").write_text("\n".join(markdown) + f"\nRun dir: `{run_dir}`. {table.LEGEND}\n")
 
 
 def _check_resume(cfg: DictConfig, run_dir: Path) -> None:

@@ -52,6 +52,8 @@ def summarize(cfg, method, examples, rows: list[dict], reference: list[dict] | N
     summary["quality"] = aggregate_quality(cfg.task.name, done_examples, [r["outputs"] for r in rows],
                                            [r["quality"] for r in rows])
     summary["quality_metric"] = QUALITY_METRIC.get(cfg.task.name)
+    if any("category" in r for r in rows):
+        summary["by_category"] = by_category(rows, reference if method.name != "ar" else rows)
     if method.name == "ar":
         summary.update(speedup=1.0, ar_tokens_per_s=summary["tokens_per_s"], match_rate=1.0, match_ties=0,
                        match_divergences=0)
@@ -62,6 +64,21 @@ def summarize(cfg, method, examples, rows: list[dict], reference: list[dict] | N
         summary["ar_quality"] = aggregate_quality(cfg.task.name, ref_examples, [r["outputs"] for r in reference],
                                                   [r["quality"] for r in reference])
     return summary
+
+
+def by_category(rows: list[dict], reference: list[dict] | None) -> dict:
+    """Spec-Bench's breakdown: per category, the prompts, tokens/s, τ and speedup against AR's rows of
+    the same prompts."""
+    out = {}
+    for category in sorted({r.get("category") for r in rows if r.get("category") is not None}):
+        mine = [r for r in rows if r.get("category") == category]
+        sums = totals(mine)
+        entry = {"num_prompts": len(mine), "tokens_per_s": sums["tokens_per_s"], "tau": sums["tau"]}
+        if reference:
+            entry.update({k: v for k, v in compare_to_reference(mine, reference, check_match=False).items()
+                          if k in ("speedup", "ar_tokens_per_s")})
+        out[category] = entry
+    return out
 
 
 def compare_to_reference(rows: list[dict], reference: list[dict], check_match: bool) -> dict:

@@ -89,3 +89,13 @@ def show(rows: list[dict], title: str, columns=RUN_COLUMNS, stream=None) -> None
     for r in rows:
         table.add_row(*cells(r, columns))
     Console(file=stream).print(table)
+
+
+CATEGORY_COLUMNS = (("method", "method"), ("category", "category"), ("num_prompts", "prompts"),
+                    ("tokens_per_s", "tok/s"), ("speedup", "speedup"), ("tau", "τ"))
+
+
+def category_rows(summaries: list[dict]) -> list[dict]:
+    """One row per method x category from the summaries' `by_category` (Spec-Bench's layout)."""
+    return [{"method": s["method"], "category": category, **entry}
+            for s in summaries for category, entry in (s.get("by_category") or {}).items()]

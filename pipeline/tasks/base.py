@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-TASK_NAMES = ("mt_bench", "gsm8k", "humaneval", "mbpp", "cnn_dm", "wmt_de_en", "qa", "alpaca", "math500")
+TASK_NAMES = ("mt_bench", "gsm8k", "humaneval", "mbpp", "cnn_dm", "wmt_de_en", "qa", "alpaca", "math500", "spec_bench")
 
 
 @dataclass
@@ -18,11 +18,14 @@ class TaskConfig:
     limit: Optional[int] = None  # number of examples (after seeded subsetting)
     subset_seed: int = 0  # fixed seed for subsets (GSM-100 / MBPP-100 style)
     shuffle: bool = False  # if True take a seeded random subset of size `limit`, else the first `limit`
+    # keep only examples of these categories (MT-Bench, Spec-Bench), before `limit`; empty: all
+    categories: list[str] = field(default_factory=list)
     max_new_tokens: int = 256
     system_prompt: Optional[str] = None
     prompt_template: str = "{input}"  # how the user message is built from the example's main text
     # isolation of generated code (HumanEval, MBPP): auto (bwrap where it starts, else refuse) | bwrap |
-    # unshare (not built yet) | unsafe (no OS isolation: disposable machines only); pipeline/tasks/sandbox.py
+    # unshare (namespaces + chroot, as root) | unsafe (no OS isolation: disposable machines only);
+    # pipeline/tasks/sandbox.py
     sandbox: str = "auto"
 
     def __post_init__(self) -> None:

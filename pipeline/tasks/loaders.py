@@ -16,7 +16,7 @@ from typing import Any, Optional
 
 from pipeline.tasks.base import TASK_NAMES, Example, TaskConfig, TaskDataError
 from pipeline.resources import SHIPPED_DATA
-from pipeline.tasks.sources import Rows, load_hf, read_jsonl, require
+from pipeline.tasks.sources import Rows, fetch_cached, load_hf, read_jsonl, require
 
 HUMANEVAL_INSTRUCTION = (
     "Complete the following Python function. Respond with the full function in a ```python code block."
@@ -35,6 +35,9 @@ HF_DEFAULTS: dict[str, tuple[str, Optional[str], str]] = {
     "math500": ("HuggingFaceH4/MATH-500", None, "test"),
     "mt_bench": ("HuggingFaceH4/mt_bench_prompts", None, "train"),  # fields prompt, prompt_id, category, reference
 }
+# Spec-Bench's 480 questions (hemingkx/Spec-Bench): MT-Bench's 8 categories plus translation, summarization,
+# qa, math_reasoning, rag. Fetched into the data cache on a networked machine, or given as task.path.
+SPEC_BENCH_URL = "https://raw.githubusercontent.com/hemingkx/Spec-Bench/main/data/spec_bench/question.jsonl"
 # task -> the offline copy in pipeline/assets/data (GSM8K: its test split only; MT-Bench has one split)
 SHIPPED_FILES = {"gsm8k": "gsm8k_test.jsonl", "mt_bench": "mt_bench_question.jsonl"}
 
@@ -130,6 +133,7 @@ def _math500(row: dict, i: int, where: str) -> Built:
 
 BUILDERS: dict[str, Callable[[dict, int, str], Built]] = {
     "mt_bench": _mt_bench,
+    "spec_bench": _mt_bench,  # MT-Bench's layout (question_id, category, turns); its first 80 rows are MT-Bench
     "gsm8k": _gsm8k,
     "humaneval": _humaneval,
     "mbpp": _mbpp,
@@ -160,6 +164,8 @@ def _builtin_rows(cfg: TaskConfig) -> Optional[Rows]:
 def _source_rows(cfg: TaskConfig) -> Rows:
     if cfg.path:
         return read_jsonl(cfg.path)
+    if cfg.name == "spec_bench":  # not shipped (no licence to redistribute it here): fetched on demand
+        return read_jsonl(fetch_cached("spec_bench", SPEC_BENCH_URL))
     builtin = _builtin_rows(cfg)
     if builtin is not None:
         return builtin
@@ -174,15 +180,30 @@ def _source_rows(cfg: TaskConfig) -> Rows:
     return load_hf(cfg.name, dataset, config, split)
 
 
-def subset_indices(n: int, cfg: TaskConfig) -> list[int]:
+def subset_indices(n: int, cfg: TaskConfig, candidates: list[int] | None = None) -> list[int]:
+    """`limit` of the candidate rows (all by default): the first ones, or a seeded random subset."""
+    pool = list(range(n)) if candidates is None else candidates
     if cfg.limit is None:
-        return list(range(n))
+        return pool
     if cfg.limit < 0:
         raise TaskDataError(f"task.limit must be >= 0, got {cfg.limit}")
-    k = min(cfg.limit, n)
+    k = min(cfg.limit, len(pool))
     if cfg.shuffle:
-        return sorted(random.Random(cfg.subset_seed).sample(range(n), k))
-    return list(range(k))
+        return sorted(random.Random(cfg.subset_seed).sample(pool, k))
+    return pool[:k]
+
+
+def category_indices(source: Rows, cfg: TaskConfig) -> list[int] | None:
+    """Rows of the chosen categories (None: no selection); an unknown category is one line."""
+    if not cfg.categories:
+        return None
+    found = [source.rows[i].get("category") if isinstance(source.rows[i], dict) else None for i in range(len(source))]
+    unknown = sorted(set(cfg.categories) - set(found))
+    if unknown:
+        known = sorted({c for c in found if c is not None})
+        raise TaskDataError(f"task {cfg.name}: no examples of categor{'ies' if len(unknown) > 1 else 'y'} "
+                            f"{', '.join(unknown)}; task.categories can be: {', '.join(known) or 'none (no category field)'}")
+    return [i for i, c in enumerate(found) if c in cfg.categories]
 
 
 def dataset_origin(cfg: TaskConfig) -> dict:
@@ -200,7 +221,7 @@ def load_examples(cfg: TaskConfig) -> list[Example]:
     source = _source_rows(cfg)
     build = BUILDERS[cfg.name]
     examples = []
-    for i in subset_indices(len(source), cfg):
+    for i in subset_indices(len(source), cfg, category_indices(source, cfg)):
         where = source.where(i)
         row = source.rows[i]
         if not isinstance(row, dict):

@@ -32,6 +32,7 @@ QUALITY_METRIC: dict[str, Optional[str]] = {
     "qa": "exact_match",  # "f1" is reported too
     "alpaca": None,
     "math500": "accuracy",
+    "spec_bench": None,  # Spec-Bench measures speed; its quality is judged elsewhere
 }
 assert set(QUALITY_METRIC) == set(TASK_NAMES)
 

@@ -83,3 +83,31 @@ def require(row: dict, key: str | tuple[str, ...], where: str, kind: type | None
             return value
     names = " or ".join(f"'{k}'" for k in keys)
     raise TaskDataError(f"{where}: missing required field {names}")
+
+
+def data_cache() -> Path:
+    """Downloaded task files: <SPECDEC_CACHE or ~/.cache/specdec>/data."""
+    from pipeline.models import cache_root
+
+    return cache_root() / "data"
+
+
+def fetch_cached(task: str, url: str, timeout_s: float = 60.0) -> Path:
+    """The file at `url`, downloaded once into the data cache (written whole, then renamed, so a
+    broken download never leaves a partial file); offline it is one line naming the ways to give it."""
+    import urllib.request
+
+    path = data_cache() / task / url.rsplit("/", 1)[-1]
+    if path.is_file():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(path.suffix + ".part")
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            partial.write_bytes(response.read())
+    except OSError as e:  # URLError, timeouts, DNS: offline in practice
+        partial.unlink(missing_ok=True)
+        raise TaskDataError(f"task {task}: could not download {url} ({type(e).__name__}: {str(e)[:120]}); offline? "
+                            f"give the file with task.path=<file>.jsonl, or place it at {path}") from None
+    partial.rename(path)
+    return path

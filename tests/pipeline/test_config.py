@@ -11,7 +11,7 @@ register_configs()
 
 MODELS = ["smollm2-135m", "qwen3-0.6b", "qwen3-4b", "qwen3-8b", "llama-2-7b-chat", "llama-3-8b-instruct",
           "codellama-7b-instruct", "qwen2-7b-instruct", "gemma3-270m"]
-TASKS = ["mt_bench", "gsm8k", "humaneval", "mbpp", "cnn_dm", "wmt_de_en", "qa", "alpaca", "math500"]
+TASKS = ["mt_bench", "gsm8k", "humaneval", "mbpp", "cnn_dm", "wmt_de_en", "qa", "alpaca", "math500", "spec_bench"]
 
 
 def compose_run(overrides):

@@ -290,3 +290,24 @@ def test_repeats_run_every_prompt_n_times_and_report_speedup_mean_and_std(tiny_m
     assert pld["match_rate"] == 1.0  # greedy repeats of a lossless method still equal AR, row by row
     row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("pld"))
     assert f"{pld['speedup']:.2f}x ± {pld['speedup_std']:.2f}" in row
+
+
+def test_a_spec_bench_run_breaks_results_down_by_category(tiny_model_dirs, tmp_path, capsys):
+    rows = [{"question_id": i, "category": c, "turns": [f"Say {c} {i}."]}
+            for i, c in enumerate(["translation", "rag", "translation", "qa"])]
+    path = tmp_path / "question.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = job_config(tiny_model_dirs["llama"], tmp_path, "task=spec_bench", f"task.path={path}", "task.limit=4",
+                     "methods=[pld]")
+    comparison = run(cfg, tmp_path / "run", show_progress=False)
+    pld = comparison["methods"][1]
+    assert {c: e["num_prompts"] for c, e in pld["by_category"].items()} == {"qa": 1, "rag": 1, "translation": 2}
+    assert all(e["speedup"] > 0 and e["tau"] >= 1 for e in pld["by_category"].values())
+    assert [r["category"] for r in read_rows(tmp_path / "run" / "pld" / "results.jsonl")] == \
+        ["translation", "rag", "translation", "qa"]
+    printed = capsys.readouterr().out
+    assert "by category" in printed and any(line.split()[:2] == ["pld", "translation"] for line in printed.splitlines())
+    assert "| pld | rag | 1 |" in (tmp_path / "run" / "summary.md").read_text()
+    from pipeline.report import collect, to_markdown
+
+    assert "By category" in to_markdown(collect([tmp_path / "run"]))
