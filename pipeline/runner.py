@@ -103,7 +103,7 @@ def run(cfg: DictConfig, run_dir: Path, show_progress: bool = True) -> dict:
     run_dir.mkdir(parents=True, exist_ok=True)
     _check_resume(cfg, run_dir)
     comparing = rc.method is None
-    method_cfgs = compose_methods(rc.methods) if comparing else [rc.method]
+    method_cfgs, labels = compose_methods(rc.methods) if comparing else ([rc.method], [])
 
     sandbox = None
     if rc.task.name in CODE_TASKS:  # generated code will run: check its isolation before generating
@@ -123,7 +123,8 @@ def run(cfg: DictConfig, run_dir: Path, show_progress: bool = True) -> dict:
                            job_type=label, tags=[rc.model.name, rc.task.name, f"T{rc.temperature:g}"])
     try:
         if comparing:
-            summaries = compare(rc, cfg, methods, target, examples, settings, run_dir, show_progress, tracker)
+            summaries = compare(rc, cfg, methods, labels, target, examples, settings, run_dir, show_progress,
+                                tracker)
         else:
             summaries = [run_one(rc, methods[0], target, examples, settings, run_dir, show_progress, tracker)]
         for summary, summary_dir in summaries:
@@ -132,7 +133,7 @@ def run(cfg: DictConfig, run_dir: Path, show_progress: bool = True) -> dict:
                            provenance=origin, run_dir=str(summary_dir))
             (summary_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         if comparing:
-            tracker.log_summary({f"{s['method']}/{k}": v for s, _ in summaries for k, v in s.items()})
+            tracker.log_summary({f"{d.name}/{k}": v for s, d in summaries for k, v in s.items()})
         else:
             tracker.log_summary(summaries[0][0])
         rows = [summary_row(s, d) for s, d in summaries]
@@ -170,12 +171,12 @@ def run_one(rc: RunConfig, method: Method, target, examples, settings, run_dir: 
     return finish_summary(rc, method, target, examples, rows, reference, settings), run_dir
 
 
-def compare(rc: RunConfig, cfg: DictConfig, methods: list[Method], target, examples, settings, run_dir: Path,
-            show_progress: bool, tracker) -> list[tuple[dict, Path]]:
+def compare(rc: RunConfig, cfg: DictConfig, methods: list[Method], labels: list[str], target, examples, settings,
+            run_dir: Path, show_progress: bool, tracker) -> list[tuple[dict, Path]]:
     """Every method on every prompt, interleaved per prompt with AR first, so each ratio is measured
     under the same machine load (the machine may be shared); one results.jsonl per method in
     <run dir>/<method>/, resumable like a single run."""
-    dirs = [run_dir / m.name for m in methods]
+    dirs = [run_dir / label for label in labels]
     done = []
     for method, method_dir in zip(methods, dirs):
         method_dir.mkdir(exist_ok=True)
@@ -190,7 +191,7 @@ def compare(rc: RunConfig, cfg: DictConfig, methods: list[Method], target, examp
                 warm_up(method, target, rc.task, todo[0], settings)
     total = len(examples) * len(methods)
     finished = sum(len([ex for ex in examples if ex.id in rows]) for rows in done)
-    with RunProgress(" vs ".join(m.name for m in methods), total, finished, show_progress) as progress:
+    with RunProgress(" vs ".join(labels), total, finished, show_progress) as progress:
         for example in examples:
             for method, method_dir, rows in zip(methods, dirs, done):
                 if example.id in rows:
@@ -198,11 +199,11 @@ def compare(rc: RunConfig, cfg: DictConfig, methods: list[Method], target, examp
                 row = generate_example(method, target, rc.task, example, settings, progress.step_callback())
                 append_result(method_dir / "results.jsonl", row)
                 rows[example.id] = row
-                progress.finish_example(row, method.name)
-                tracker.log_prompt({"method": method.name, **row})
+                progress.finish_example(row, method_dir.name)
+                tracker.log_prompt({"method": method_dir.name, **row})
     ordered = [[rows[ex.id] for ex in examples if ex.id in rows] for rows in done]
-    tracker.log_table("prompts", [{"method": m.name, **{k: v for k, v in r.items() if k != "output_ids"}}
-                                  for m, rows in zip(methods, ordered) for r in rows])
+    tracker.log_table("prompts", [{"method": label, **{k: v for k, v in r.items() if k != "output_ids"}}
+                                  for label, rows in zip(labels, ordered) for r in rows])
     reference = ordered[0]  # AR's rows (compose_methods puts AR first)
     return [(finish_summary(rc, method, target, examples, rows, None if method.name == "ar" else reference,
                             settings), method_dir)
@@ -217,27 +218,37 @@ def finish_summary(rc: RunConfig, method: Method, target, examples, rows: list[d
     return summary
 
 
-def compose_methods(names: list[str]):
-    """The method configs of conf/method/<name>.yaml for each name, AR first (added if missing)."""
+def compose_methods(entries: list[str]) -> tuple[list, list[str]]:
+    """The method configs for `methods` entries, AR first (added if missing), and a label for each (its
+    folder in the run dir). An entry is an option name (conf/method/<name>.yaml), optionally with
+    settings: "spec_cascade alpha=0.05" (label spec_cascade_alpha=0.05)."""
     from hydra import compose, initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
 
-    from pipeline.cli import group_options
+    from pipeline.cli import describe, group_options
     from pipeline.errors import ConfigError
 
-    ordered = ["ar", *dict.fromkeys(n for n in names if n != "ar")]
+    parsed = [(e.split()[0], e.split()[1:]) for e in entries if e.split()]
+    ordered = [("ar", []), *dict.fromkeys((n, tuple(s)) for n, s in parsed if (n, s) != ("ar", []))]
 
     def load():
         known = group_options("method")
-        for name in ordered:
+        configs = []
+        for name, settings in ordered:
             if name not in known:
                 raise ConfigError(f"methods: '{name}' is not a method option; choose from: {', '.join(known)}")
-        return [OmegaConf.to_object(compose("config", overrides=[f"method={n}"])).method for n in ordered]
+            overrides = [f"method={name}", *(f"method.{s}" for s in settings)]
+            try:
+                configs.append(OmegaConf.to_object(compose("config", overrides=overrides)).method)
+            except Exception as err:  # a bad setting: the same one line as on the command line
+                raise ConfigError(f"methods: '{' '.join([name, *settings])}': {describe(err, overrides)}") from None
+        return configs
 
+    labels = ["_".join([name, *settings]).replace("/", "-") for name, settings in ordered]
     if GlobalHydra.instance().is_initialized():  # inside the Hydra app
-        return load()
+        return load(), labels
     with initialize_config_module(config_module="conf", version_base="1.3"):
-        return load()
+        return load(), labels
 
 
 def finish_table(rows: list[dict], categories: list[dict], rc: RunConfig, run_dir: Path) -> None:

@@ -43,7 +43,8 @@ def jobs(experiment: str, method: str) -> list[list[str]]:
     return [[f"+experiment={experiment}", f"method={method}"] + [f"{k}={v}" for k, v in combo] for combo in unique]
 
 
-CASES = [(e, m) for e in EXPERIMENTS for m in grid(e)["method"]]
+BENCHES = [e for e in EXPERIMENTS if e.startswith("bench_")]  # methods compared in one job per grid point
+CASES = [(e, m) for e in EXPERIMENTS if e not in BENCHES for m in grid(e)["method"]]
 
 
 @pytest.mark.parametrize(("experiment", "method"), CASES, ids=[f"{e}-{m}" for e, m in CASES])
@@ -73,8 +74,23 @@ def test_smoke_variant_runs_the_same_grid_offline_on_smollm2(smoke):
     assert cfg.task.limit <= 5 and cfg.max_new_tokens <= 128 and cfg.model.source == "gguf_wheel"
 
 
+@pytest.mark.parametrize("bench", BENCHES)
+def test_a_benchmark_experiment_compares_its_methods_in_each_job_of_its_grid(bench):
+    """The docs' benchmark tables come from these: each grid point is one job comparing every entry of
+    `methods` (AR first); every entry composes with its settings."""
+    from pipeline.runner import compose_methods
+
+    params = grid(bench)
+    assert "method" not in params and params["model"] == ["smollm2-135m"] and set(params["task"]) <= OFFLINE_TASKS
+    with initialize_config_module(config_module="conf", version_base="1.3"):
+        cfg = OmegaConf.to_object(compose("config", overrides=[f"+experiment={bench}"]))
+        assert cfg.method is None and cfg.methods[0] == "ar" and cfg.experiment_name == bench
+        configs, labels = compose_methods(cfg.methods)
+    assert len(configs) == len(cfg.methods) == len(set(labels)) and labels[0] == "ar"
+
+
 def test_every_paper_table_has_a_smoke_variant():
-    tables = {e for e in EXPERIMENTS if not e.endswith("_smoke")}
+    tables = {e for e in EXPERIMENTS if not e.endswith("_smoke") and e not in BENCHES}
     assert tables == {"ptd_table", "dominotree_table", "viasd_table"}
     assert {f"{t}_smoke" for t in tables} <= set(EXPERIMENTS)
 

@@ -311,3 +311,19 @@ def test_a_spec_bench_run_breaks_results_down_by_category(tiny_model_dirs, tmp_p
     from pipeline.report import collect, to_markdown
 
     assert "By category" in to_markdown(collect([tmp_path / "run"]))
+
+
+def test_methods_entries_may_carry_settings_for_variants_of_one_option(tiny_model_dirs, tmp_path, capsys):
+    cfg = job_config(tiny_model_dirs["llama"], tmp_path, "task.limit=1",
+                     "methods=[pld,'pld num_draft_tokens=2','pld max_ngram_size=1 num_draft_tokens=4']")
+    comparison = run(cfg, tmp_path / "run", show_progress=False)
+    dirs = sorted(p.name for p in (tmp_path / "run").iterdir() if (p / "summary.json").exists())
+    assert dirs == ["ar", "pld", "pld_max_ngram_size=1_num_draft_tokens=4", "pld_num_draft_tokens=2"]
+    assert [s["method"] for s in comparison["methods"]] == ["ar", "pld", "pld", "pld"]
+    printed = capsys.readouterr().out
+    assert "pld (num_draft_tokens=2)" in printed and "pld (max_ngram_size=1 num_draft_tokens=4)" in printed
+    from pipeline.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="methods: 'pld gamma=3': unknown config key 'method.gamma'"):
+        run(job_config(tiny_model_dirs["llama"], tmp_path, "methods=['pld gamma=3']"), tmp_path / "bad",
+            show_progress=False)
