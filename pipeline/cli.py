@@ -40,10 +40,23 @@ def precheck_overrides(argv: list[str], config_module: str = "conf", config_name
     overrides = [a for a in argv if not a.startswith("-") and "=" in a]
     if any(a in ("--help", "-h", "--hydra-help", "--info", "-i", "--cfg", "-c") for a in argv):
         return
+    launcher = next((a.split("=", 1)[1] for a in overrides if a.startswith("hydra/launcher=")), None)
+    if launcher in ("slurm", "local") and not submitit_installed():
+        print(f"error: hydra/launcher={launcher} needs hydra-submitit-launcher: pip install 'specdec-pipeline[slurm]'",
+              file=sys.stderr)
+        raise SystemExit(2)
     message = first_config_problem(overrides, config_module, config_name)
     if message:
         print(f"error: {message}", file=sys.stderr)
         raise SystemExit(2)
+
+
+def submitit_installed() -> bool:
+    try:
+        from hydra_plugins.hydra_submitit_launcher import submitit_launcher  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def first_config_problem(overrides: list[str], config_module: str = "conf", config_name: str = "config") -> str | None:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 from pathlib import Path
 from typing import Protocol
+
+log = logging.getLogger(__name__)
 
 
 class Tracker(Protocol):
@@ -117,5 +120,11 @@ def _cell(value):
 
 def make_tracker(cfg, run_config: dict, run_dir: Path, job_type: str, tags: list[str]) -> Tracker:
     if cfg.kind == "none":
+        return NoTracker()
+    try:
+        import wandb  # noqa: F401
+    except ImportError:  # a laptop install without the `wandb` extra: results stay in the run dir
+        log.warning("tracker=wandb but W&B is not installed (pip install 'specdec-pipeline[wandb]'); "
+                    "not tracking this run (tracker=none silences this)")
         return NoTracker()
     return WandbTracker(cfg, run_config, run_dir, job_type, tags)
