@@ -1,0 +1,88 @@
+"""The best-first draft-tree builder shared by DDTree, CaDDTree and DominoTree.
+
+One heap keyed by cumulative log-probability. A node's candidate children come from `expand`,
+called once when the node enters the tree, as token ids with log-probabilities sorted best
+first; only the best child is pushed then, and popping a node pushes its next sibling (lazy k-best
+enumeration: the pop order equals pushing every child at once, with at most two pushes per pop).
+Which scorer fills `expand` is the whole difference between the methods:
+- marginal (DDTree, DominoTree scoring=marginal): the per-depth top-k of the drafter's marginals,
+  the same list for every node of a depth;
+- conditional (DominoTree): the Domino correction recomputed along the node's own root path.
+`admit(n, score)` may stop the build before the budget (CaDDTree's cost-aware rule).
+Trees are deterministic (top-k), so `draft_probs` stays None and the engine's acceptance keeps
+them lossless at every temperature.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import torch
+
+from decoding.engine.transfer import to_host
+from decoding.engine.tree import TokenTree
+
+# expand(node, parent, token, depth) -> (child tokens, child log-probs), best first; called once per
+# node when it enters the tree (root: node 0, parent -1), so a path-dependent scorer can keep
+# per-node state
+Expand = Callable[[int, int, int, int], tuple[list[int], list[float]]]
+
+
+@dataclass
+class BuiltTree:
+    tree: TokenTree
+    scores: list[float] = field(default_factory=list)  # cumulative log-prob per node (root 0.0)
+    stopped_early: bool = False  # `admit` refused a node before the budget ran out
+
+
+def build_best_first(root: int, expand: Expand, budget: int, max_depth: int,
+                     admit: Optional[Callable[[int, float], bool]] = None) -> BuiltTree:
+    tokens, parents, depths, scores = [root], [-1], [0], [0.0]
+    candidates: list[tuple[list[int], list[float]]] = []
+    heap: list[tuple[float, int, int, int]] = []  # (-score, push order, parent, rank)
+    pushes = 0
+
+    def open_node(index: int) -> None:
+        nonlocal pushes
+        kids = expand(index, parents[index], tokens[index], depths[index]) if depths[index] < max_depth else ([], [])
+        candidates.append(kids)
+        if kids[0]:
+            heapq.heappush(heap, (-(scores[index] + kids[1][0]), pushes, index, 0))
+            pushes += 1
+
+    open_node(0)
+    stopped = False
+    while heap and len(tokens) - 1 < budget:
+        neg, _, parent, rank = heap[0]
+        if admit is not None and not admit(len(tokens) - 1, -neg):
+            stopped = True
+            break
+        heapq.heappop(heap)
+        kid_tokens, kid_logprobs = candidates[parent]
+        tokens.append(kid_tokens[rank])
+        parents.append(parent)
+        depths.append(depths[parent] + 1)
+        scores.append(-neg)
+        if rank + 1 < len(kid_tokens):
+            heapq.heappush(heap, (-(scores[parent] + kid_logprobs[rank + 1]), pushes, parent, rank + 1))
+            pushes += 1
+        open_node(len(tokens) - 1)
+    return BuiltTree(TokenTree(tokens, parents), scores, stopped)
+
+
+def marginal_expand(logits: torch.Tensor, k: int) -> Expand:
+    """Path-independent children: row d of `logits` [D, V] scores the tokens at depth d + 1.
+    One device->host copy for the whole tree."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    values, ids = torch.topk(logprobs, min(k, logits.shape[-1]), dim=-1)
+    width = values.shape[-1]
+    flat_values, flat_ids = to_host(values, ids)  # one device->host copy
+    values = [flat_values[d * width:(d + 1) * width] for d in range(len(logits))]
+    ids = [flat_ids[d * width:(d + 1) * width] for d in range(len(logits))]
+
+    def expand(_node: int, _parent: int, _token: int, depth: int) -> tuple[list[int], list[float]]:
+        return ids[depth], values[depth]
+
+    return expand

@@ -1,0 +1,134 @@
+"""Draft models for drafter-verifier methods (sd, spec_cascade, via_sd): an autoregressive model
+with its own KV cache that follows the committed sequence.
+
+Kinds (`drafter=` config group):
+- `early_exit`: the target's first k decoder layers + its final norm and lm_head (no weight copy),
+  optionally with a trained exit head in front of the norm (`head`: a tuned-lens translator,
+  decoding/drafting/exit_head.py; `drafter=exit_head`);
+- `slim`: the target with the layers of a routing mask skipped (self-speculative layer skipping);
+- `model`: a separate small model that shares the target's tokenizer (qwen3-0.6b for qwen3-8b).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from decoding.engine.sampling import Sampler, probabilities
+from decoding.engine.transfer import to_host
+from decoding.drafting.routing import kept_layers, load_mask
+from decoding.engine.target import TargetModel
+from pipeline.errors import ConfigError, check_choice, check_range
+from pipeline.models import ModelConfig
+
+
+@dataclass
+class DrafterConfig:
+    name: str = "early_exit"
+    kind: str = "early_exit"  # early_exit | slim | model
+    gamma: int = 5  # draft length γ (Narasimhan et al. use 5; Leviathan et al. sweep 1-10)
+    exit_layer: int = 6  # early_exit: run decoder layers [0, exit_layer) (LayerSkip's E)
+    head: Optional[str] = None  # early_exit: a trained exit-head folder (python -m pipeline.train drafter=exit_head)
+    mask: Optional[str] = None  # slim: routing-mask name in masks/ (or a path), e.g. the DIMR result
+    model: Optional[ModelConfig] = None  # model: the separate draft model
+
+    def __post_init__(self) -> None:
+        check_choice("drafter.kind", self.kind, ("early_exit", "slim", "model"))
+        check_range("drafter.gamma", self.gamma, 1)
+        check_range("drafter.exit_layer", self.exit_layer, 1)
+        if self.kind == "slim" and not self.mask:
+            raise ConfigError("drafter.kind=slim needs drafter.mask (a routing-mask name from masks/)")
+        if self.head and self.kind != "early_exit":
+            raise ConfigError(f"drafter.head is for drafter.kind=early_exit, not {self.kind}")
+        if self.kind == "model" and self.model is None:
+            raise ConfigError("drafter.kind=model needs drafter.model (a model config)")
+
+
+class Drafter:
+    """Drafts γ tokens after the committed sequence, one forward per token. It remembers which
+    tokens its cache holds, so after verification it keeps the agreeing prefix and re-runs only
+    the tokens it has not seen (bonus / corrected tokens) in front of the next draft."""
+
+    def __init__(self, lm: TargetModel, shares_target: bool = False):
+        self.lm = lm
+        self.shares_target = shares_target  # made of the target's own layers (no weights of its own)
+        self.cached: list[int] = []
+
+    def begin(self, sequence: list[int]) -> None:
+        self.lm.prefill(sequence[:-1])
+        self.cached = list(sequence[:-1])
+
+    def _catch_up(self, sequence: list[int]) -> list[int]:
+        """Drop cached tokens that left the sequence; return the tokens still to feed (root incl.)."""
+        m = 0
+        limit = min(len(self.cached), len(sequence) - 1)
+        while m < limit and self.cached[m] == sequence[m]:
+            m += 1
+        self.lm.truncate(m)
+        del self.cached[m:]
+        return sequence[m:]
+
+    def draft(self, sequence: list[int], gamma: int, temperature: float,
+              sampler: Sampler, need_dists: bool = True) -> tuple[list[int], torch.Tensor | None]:
+        """γ draft tokens and the [γ, V] distributions they came from (softmax at T; at T=0 the
+        tokens are the argmax and the distributions are taken at T=1, for rules that need them;
+        `need_dists=False` at T=0 skips them and returns None). Each drafted token is fed back as a
+        device tensor: one host copy per draft, not per token."""
+        fed = self._catch_up(sequence)
+        device = self.lm.device
+        sampler = sampler.for_device(self.lm.output_device)
+        feed = torch.tensor(fed, device=device)
+        tokens, dists = [], []
+        for _ in range(gamma):
+            logits = self.lm.forward(feed, torch.arange(len(feed), device=device), None, last_only=True).logits[-1]
+            dist = probabilities(logits, temperature) if need_dists or temperature > 0 else None
+            tok = logits.argmax() if temperature <= 0 else sampler.categorical(dist)
+            tokens.append(tok)
+            dists.append(dist)
+            feed = tok.view(1).to(device)
+        drafted = to_host(torch.stack(tokens))[0]
+        self.cached.extend(fed + drafted[:-1])  # the last draft is not fed yet
+        return drafted, None if dists[0] is None else torch.stack(dists)
+
+    def record(self, stats) -> None:
+        """The drafter's own passes of this generation; in target-forward units when its layers
+        are the target's (early exit, slim), where k of L layers cost k/L of a target forward."""
+        stats.add_extra("drafter_forwards", self.lm.num_forwards)
+        if self.shares_target:
+            stats.add_extra("drafter_forward_cost", self.lm.forward_cost)
+
+    def score(self, sequence: list[int], drafts: list[int]) -> torch.Tensor:
+        """Logits [len(drafts) + 1, V] of this model at the root and after each draft (used when a
+        separate model is a middle verifier); the drafts' KV is dropped again."""
+        feed = self._catch_up(sequence)
+        n_new = len(feed) - 1
+        out = self.lm.forward(torch.tensor(feed + drafts), torch.arange(len(feed) + len(drafts)), None)
+        self.cached.extend(feed)
+        self.lm.truncate(len(self.cached))
+        return out.logits[n_new:]
+
+
+def build_drafter(cfg: DrafterConfig, target: TargetModel) -> Drafter:
+    if cfg.kind == "early_exit":
+        if cfg.exit_layer >= target.num_layers:
+            raise ConfigError(f"drafter.exit_layer={cfg.exit_layer} must be below the target's "
+                              f"{target.num_layers} layers")
+        head = None
+        if cfg.head:
+            from decoding.drafting.exit_head import load_exit_head
+
+            head = load_exit_head(cfg.head, target, cfg.exit_layer)
+        return Drafter(TargetModel(target.model, target.tokenizer, layers=range(cfg.exit_layer), exit_head=head),
+                       shares_target=True)
+    if cfg.kind == "slim":
+        skip = load_mask(cfg.mask, target.num_layers)
+        return Drafter(TargetModel(target.model, target.tokenizer, layers=kept_layers(skip, target.num_layers)),
+                       shares_target=True)
+    from pipeline.models import load_model
+
+    model, tokenizer = load_model(cfg.model)
+    if target.tokenizer is not None and tokenizer.get_vocab() != target.tokenizer.get_vocab():
+        raise ConfigError(f"drafter model '{cfg.model.name}' does not share the target's tokenizer")
+    return Drafter(TargetModel(model, tokenizer))

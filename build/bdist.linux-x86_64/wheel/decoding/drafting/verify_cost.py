@@ -1,0 +1,181 @@
+"""CaDDTree's cost model and cost-aware stopping rule.
+
+Cv(n, ctx): seconds of one target forward over the root + n draft nodes with `ctx` tokens cached,
+profiled on this machine (median of repeats) on a grid of node counts and context lengths, fitted
+per context length by monotone + convex least squares (our own fit: slopes parametrised as a
+non-negative start plus non-negative increments, solved by bounded least squares), interpolated
+linearly in n and in ctx. As in the reference (n = 1..1024 profiled), the node grid reaches the
+largest budget that can be admitted and nothing is extrapolated in n: the stopping rule never
+admits a node beyond the profiled grid (on a GPU the curve is flat to a few hundred rows, so an
+extrapolated line would let trees run to the cap). Beyond the profiled contexts Cv is clamped to
+the nearest one, as the reference does. Cd: seconds of one drafting pass. Both are cached per
+model + drafter + device + thread count under the user cache dir.
+
+Stopping rule (CaDDTree): with Phi the sum of path probabilities already in the tree, add the next
+best node (path probability delta) only while the surrogate throughput rises:
+    (1 + Phi + delta) / (Cd + Cv(n + 1, ctx))  >  (1 + Phi) / (Cd + Cv(n, ctx)).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+
+def fit_monotone_convex(xs, ys) -> np.ndarray:
+    """Least-squares fit of a non-decreasing convex sequence to (xs, ys), xs increasing."""
+    from scipy.optimize import lsq_linear
+
+    xs, ys = np.asarray(xs, dtype=float), np.asarray(ys, dtype=float)
+    n = len(xs)
+    if n < 3:
+        return np.maximum.accumulate(ys)
+    gaps = np.diff(xs)
+    # beta_i = a + sum_{j<i} gap_j * slope_j,  slope_j = s + sum_{k<=j, k>=1} d_k,  s, d >= 0
+    design = np.zeros((n, n))
+    design[:, 0] = 1.0
+    for i in range(1, n):
+        for j in range(i):
+            design[i, 1] += gaps[j]  # s
+            design[i, 2:j + 2] += gaps[j]  # d_1..d_j
+    lower = np.r_[-np.inf, np.zeros(n - 1)]
+    theta = lsq_linear(design, ys, bounds=(lower, np.full(n, np.inf))).x
+    return design @ theta
+
+
+@dataclass
+class VerifyCostModel:
+    node_counts: list[int]
+    context_lengths: list[int]
+    fitted: list[list[float]]  # [context][node count] seconds, monotone convex in n
+    draft_s: float  # Cd
+
+    @property
+    def max_nodes(self) -> int:
+        """The largest profiled node count: no tree grows beyond it."""
+        return self.node_counts[-1]
+
+    def verify_s(self, n: int, context: int) -> float:
+        """Cv(n, ctx) for 0 <= n <= max_nodes."""
+        if n > self.max_nodes:
+            raise ValueError(f"Cv({n}, ·) is outside the profiled node counts (up to {self.max_nodes})")
+        return float(self.verify_curve(context)[n])
+
+    def verify_curve(self, context: int) -> np.ndarray:
+        """Cv(n, ctx) for n = 0 .. max_nodes at one context: interpolated in n, and in context between
+        the profiled lengths (clamped outside them)."""
+        n = np.arange(self.max_nodes + 1)
+        per_context = np.stack([np.interp(n, self.node_counts, curve) for curve in self.fitted])  # [C, N]
+        return _interp_rows(context, self.context_lengths, per_context)
+
+    def to_json(self) -> dict:
+        return self.__dict__.copy()
+
+
+def _interp_rows(x: float, xs: list[int], rows: np.ndarray) -> np.ndarray:
+    """Linear interpolation between the rows of `rows` [len(xs), N] at x, clamped outside xs."""
+    if x <= xs[0]:
+        return rows[0]
+    if x >= xs[-1]:
+        return rows[-1]
+    j = int(np.searchsorted(xs, x)) - 1
+    w = (x - xs[j]) / (xs[j + 1] - xs[j])
+    return (1 - w) * rows[j] + w * rows[j + 1]
+
+
+class CostAwareStop:
+    """CaDDTree's admission rule for `build_best_first(admit=...)`; counts how often the cap, not
+    the rule, ended the tree (CondAdaptive saturation)."""
+
+    def __init__(self, model: VerifyCostModel, context: int):
+        self.model, self.context = model, context
+        self.phi = 0.0
+        self.cost = (model.draft_s + model.verify_curve(context)).tolist()  # Cd + Cv(n, ctx), n = 0..max_nodes
+        self.theta = 1.0 / self.cost[0]
+
+    def __call__(self, n: int, score: float) -> bool:
+        if n + 1 > self.model.max_nodes:  # never admit a node the profile does not cover
+            return False
+        delta = math.exp(score)
+        theta_new = (1.0 + self.phi + delta) / self.cost[n + 1]
+        if theta_new <= self.theta:
+            return False
+        self.phi += delta
+        self.theta = theta_new
+        return True
+
+
+def admissible_node_grid(max_budget: int) -> list[int]:
+    """0, 1, 2, 4, ... up to and including `max_budget`: the default profiling grid."""
+    grid = [0]
+    while grid[-1] < max_budget:
+        grid.append(min(max(1, grid[-1] * 2), max_budget))
+    return grid
+
+
+@torch.inference_mode()
+def profile_verify_cost(target, node_counts: list[int], context_lengths: list[int], repeats: int,
+                        draft_fn, draft_repeats: int = 5) -> VerifyCostModel:
+    """Median forward time of root + n nodes at each context length, then the monotone convex fit;
+    `draft_fn()` runs one drafting pass for Cd. The nodes form a chain (causal mask): the mask's
+    shape does not change the cost of a dense forward, only the row count and context do."""
+    gen = torch.Generator().manual_seed(0)
+    vocab = target.config.vocab_size
+    medians = []
+    for context in context_lengths:
+        target.prefill(torch.randint(100, vocab, (context,), generator=gen).tolist())
+        row = []
+        for n in node_counts:
+            tokens = torch.randint(100, vocab, (n + 1,), generator=gen)
+            depths = torch.arange(n + 1)
+            visible = torch.tril(torch.ones(n + 1, n + 1, dtype=torch.bool))
+            times = []
+            for _ in range(repeats + 1):
+                t0 = time.perf_counter()
+                target.forward(tokens, depths, visible)
+                _sync(target.device)
+                times.append(time.perf_counter() - t0)
+                target.truncate(context)
+            row.append(statistics.median(times[1:]))  # first call warms up
+        medians.append(row)
+    draft_times = []
+    for _ in range(draft_repeats + 1):
+        t0 = time.perf_counter()
+        draft_fn()
+        _sync(target.device)
+        draft_times.append(time.perf_counter() - t0)
+    fitted = [fit_monotone_convex(node_counts, row).tolist() for row in medians]
+    return VerifyCostModel(list(node_counts), list(context_lengths), fitted, statistics.median(draft_times[1:]))
+
+
+def _sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def cached_cost_model(key: str, build) -> VerifyCostModel:
+    """Load the cost model cached under `key`, or build, save and return it."""
+    from pipeline.models import cache_root
+
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in key)
+    path = cache_root() / "cost_models" / f"{safe}.json"
+    if path.is_file():
+        return VerifyCostModel(**json.loads(path.read_text()))
+    model = build()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(model.to_json(), indent=2))
+    return model
+
+
+def machine_key(target, drafter_location: str) -> str:
+    device = torch.cuda.get_device_name(0) if torch.device(target.device).type == "cuda" else "cpu"
+    name = Path(str(getattr(target.config, "_name_or_path", "model"))).name
+    params = sum(p.numel() for p in target.model.parameters())
+    return f"{name}-{params}-{Path(drafter_location).name}-{device}-t{torch.get_num_threads()}-{target.dtype}"

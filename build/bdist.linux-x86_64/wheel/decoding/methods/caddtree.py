@@ -1,0 +1,99 @@
+"""CaDDTree (Zhang et al., ZhangShuai1230/CaDDTree): DDTree's best-first heap with a per-round,
+cost-aware budget. Instead of a fixed node count, keep adding the next best node while the
+surrogate throughput (1 + sum of accepted-path probabilities) / (Cd + Cv(n, ctx)) still rises;
+with a convex verify cost the surrogate is unimodal, so the greedy stop is optimal. Cv is profiled
+on this machine (see `decoding/drafting/verify_cost.py`) and cached per model + device.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from decoding.methods.block_draft import BlockDraftMethod
+from decoding.drafting.draft_tree import build_best_first, marginal_expand
+from decoding.engine.loop import DecodeState, Proposal
+from decoding.engine.target import TargetModel
+from decoding.drafting.verify_cost import (CostAwareStop, admissible_node_grid, cached_cost_model, machine_key,
+                                  profile_verify_cost)
+from pipeline.errors import check_range
+
+STEADY_STATE_NEW_ROWS = 4  # context rows a drafting round projects: about the tokens committed per round
+
+
+@dataclass
+class CaDDTreeConfig:
+    _target_: str = "decoding.methods.caddtree.CaDDTree"
+    name: str = "caddtree"
+    drafter: Optional[str] = None  # local folder or HF hub id; null = the model's `drafters.dflash`
+    max_budget: int = 1024  # CaDDTree `max_tree_budget`
+    # profiling grid. Node counts: null = 0, 1, 2, 4, ... up to max_budget (the reference profiles
+    # n = 1..1024); a given grid must reach max_budget. Contexts: the reference uses 0..8192 on GPUs;
+    # fewer here (cheaper on CPUs), and beyond the last one Cv is clamped as in the reference.
+    profile_node_counts: Optional[list[int]] = None
+    profile_context_lengths: list[int] = field(default_factory=lambda: [64, 512, 1024])
+    profile_repeats: int = 5
+
+    def __post_init__(self) -> None:
+        check_range("method.max_budget", self.max_budget, 1)
+        check_profile_grid(self)
+
+
+def check_profile_grid(cfg) -> None:
+    """Fill the default node grid; refuse one that does not cover the budget that can be admitted."""
+    from pipeline.errors import ConfigError
+
+    if cfg.profile_node_counts is None:
+        cfg.profile_node_counts = admissible_node_grid(cfg.max_budget)
+    counts = list(cfg.profile_node_counts)
+    if len(counts) < 2 or sorted(set(counts)) != counts:
+        raise ConfigError("method.profile_node_counts must be increasing, at least two values")
+    if counts[-1] < cfg.max_budget:
+        raise ConfigError(f"method.profile_node_counts ends at {counts[-1]} but method.max_budget={cfg.max_budget}: "
+                          "the cost model must be profiled up to the largest tree it may admit")
+    if not cfg.profile_context_lengths or sorted(set(cfg.profile_context_lengths)) != list(cfg.profile_context_lengths):
+        raise ConfigError("method.profile_context_lengths must be increasing, at least one value")
+
+
+def machine_cost_model(method: BlockDraftMethod, target: TargetModel, cfg) -> "VerifyCostModel":  # noqa: F821
+    """Profile (once per model + drafter + device + profile grid) the verify cost and the draft cost."""
+    spec = method.drafter.spec
+    width = len(spec.target_layer_ids) * spec.hidden_size
+    block = method.embed(torch.full((spec.block_size,), spec.mask_token_id, device=target.device))
+    cache = method.drafter.new_cache()
+    # a warm cache, as mid-generation: each timed pass then projects only the few context rows
+    # committed since the previous round, like a real drafting pass (not the whole prompt again)
+    method.drafter.draft(cache, torch.zeros(256, width, device=target.device, dtype=target.dtype), block, 256)
+    committed = torch.zeros(STEADY_STATE_NEW_ROWS, width, device=target.device, dtype=target.dtype)
+
+    def draft_once():
+        method.lm_head(method.drafter.draft(cache, committed, block, cache.length + len(committed)))
+
+    grid = json.dumps([list(cfg.profile_node_counts), list(cfg.profile_context_lengths), cfg.profile_repeats])
+    key = machine_key(target, cfg.drafter) + "-" + hashlib.sha1(grid.encode()).hexdigest()[:10]
+    return cached_cost_model(key, lambda: profile_verify_cost(
+        target, list(cfg.profile_node_counts), list(cfg.profile_context_lengths), cfg.profile_repeats, draft_once))
+
+
+class CaDDTree(BlockDraftMethod):
+    name = "caddtree"
+
+    def setup(self, target: TargetModel) -> None:
+        super().setup(target)
+        self.cost = machine_cost_model(self, target, self.config)
+
+    def propose(self, state: DecodeState) -> Proposal:
+        logits = self.draft_pass(state).logits
+        cap = self.config.max_budget
+        built = build_best_first(state.root, marginal_expand(logits, cap), cap, max_depth=len(logits),
+                                 admit=CostAwareStop(self.cost, self.target.cache_len))
+        state.stats.add_extra("tree_nodes", built.tree.num_draft_nodes())
+        state.stats.add_extra("budget_cap_hits", int(not built.stopped_early and built.tree.num_draft_nodes() == cap))
+        return Proposal(built.tree, hidden_layers=self.taps)
+
+
+CONFIG = CaDDTreeConfig

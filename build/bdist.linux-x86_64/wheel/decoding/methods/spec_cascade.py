@@ -1,0 +1,115 @@
+"""Speculative cascades (Narasimhan et al., "Faster Cascades via Speculative Decoding", ICLR 2025;
+official colab google-research/speculative_cascades). The small model q_s drafts γ tokens, the large
+model q_l scores them in one pass, and a deferral rule with lenience α turns (q_s, q_l) into a target
+π per position; speculative sampling then runs against π instead of q_l:
+    accept x with min(1, π(x)/q_s(x)), else resample from norm(max(0, π - q_s)); bonus from q_l.
+Rules (q_s small, q_l large; see research/viasd.md §3):
+    chow (eq. 2)  keep q_s if max q_s >= 1 - α
+    diff (eq. 5)  keep q_s if max q_s >= max q_l - α
+    opt  (eq. 10) keep q_s if max q_s >= max q_l - α·TV(q_s, q_l)
+      -> π = q_s if kept, else q_l
+    v1 (eq. 13)   token v passes if q_s(v) >= max q_l - α
+    v2 (eq. 14)   token v passes if q_l(v) >= max q_l - α
+    v3 (eq. 15)   token v passes if q_l(v) >= (1 - α)·max q_l
+      -> π(v) = q_s(v)·1[pass(v)] + (1 - Σ_u q_s(u)·1[pass(u)])·q_l(v)
+Lossy by design (π != q_l): quality is reported next to speed, α sweeps the trade-off.
+At T=0 the rules use the models' T=1 distributions and the emitted token is argmax π."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from decoding.engine.acceptance import Verdict, accept_against, accept_greedy
+from decoding.drafting.drafter import DrafterConfig, build_drafter
+from decoding.engine.loop import DecodeState, Method, Proposal, verify
+from decoding.engine.tree import TokenTree
+from pipeline.errors import check_choice
+
+RULES = ("chow", "diff", "opt", "v1", "v2", "v3")
+
+
+@dataclass
+class SpecCascadeConfig:
+    _target_: str = "decoding.methods.spec_cascade.SpeculativeCascade"
+    name: str = "spec_cascade"
+    rule: str = "opt"  # deferral rule: chow | diff | opt | v1 | v2 | v3 (paper §4-5; OPT is the paper's best)
+    alpha: float = 0.1  # lenience α; ranges per rule in the paper: chow/v3 [0,1], diff/v1/v2 [-1,1], opt any real
+
+    def __post_init__(self) -> None:
+        check_choice("method.rule", self.rule, RULES)
+
+
+def total_variation(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    return (p - q).clamp_min(0).sum(-1)
+
+
+def cascade_target(rule: str, alpha: float, q_small: torch.Tensor, q_large: torch.Tensor) -> torch.Tensor:
+    """The deferral rule's target distribution π for one position (or a batch of positions)."""
+    max_s = q_small.max(-1, keepdim=True).values
+    max_l = q_large.max(-1, keepdim=True).values
+    if rule in ("chow", "diff", "opt"):
+        if rule == "chow":
+            keep = max_s >= 1 - alpha
+        elif rule == "diff":
+            keep = max_s >= max_l - alpha
+        else:
+            keep = max_s >= max_l - alpha * total_variation(q_small, q_large).unsqueeze(-1)
+        return torch.where(keep, q_small, q_large)
+    if rule == "v1":
+        passes = q_small >= max_l - alpha
+    elif rule == "v2":
+        passes = q_large >= max_l - alpha
+    else:
+        passes = q_large >= (1 - alpha) * max_l
+    kept = q_small * passes
+    return kept + (1 - kept.sum(-1, keepdim=True)).clamp_min(0) * q_large
+
+
+class SpeculativeCascade(Method):
+    name = "spec_cascade"
+    lossless = False
+    uses_drafter = True
+
+    def setup(self, target) -> None:
+        drafter_cfg = self.drafter_config or DrafterConfig()
+        self.drafter = build_drafter(drafter_cfg, target)
+        self.gamma = drafter_cfg.gamma
+
+    def begin(self, state: DecodeState) -> None:
+        self.drafter.begin(state.sequence)
+        self._deferred = torch.zeros((), dtype=torch.long, device=state.target.output_device)
+
+    def propose(self, state: DecodeState) -> Proposal:
+        tokens, self._q_small = self.drafter.draft(state.sequence, self.gamma, state.temperature, state.sampler)
+        return Proposal(TokenTree.chain(state.root, tokens, list(self._q_small)))
+
+    def finish(self, state: DecodeState) -> None:
+        self.drafter.record(state.stats)
+        state.stats.add_extra("positions_deferred", int(self._deferred))
+
+    def step(self, state: DecodeState) -> None:
+        import time
+
+        t0 = time.perf_counter()
+        proposal = self.propose(state)
+        t1 = time.perf_counter()
+        verify(state, proposal, decide=lambda tree, logits: self.decide(state, tree, logits))
+        state.stats.add_time(draft=t1 - t0, verify=time.perf_counter() - t1)
+
+    def decide(self, state: DecodeState, tree: TokenTree, logits: torch.Tensor) -> Verdict:
+        temperature = state.temperature if state.temperature > 0 else 1.0
+        q_large = torch.softmax(logits.float() / temperature, dim=-1)  # rows: root, x1, ..., xγ
+        gamma = len(tree) - 1
+        pi = cascade_target(self.config.rule, self.config.alpha, self._q_small.to(q_large.device), q_large[:gamma])
+        targets = torch.cat([pi, q_large[gamma:]])  # bonus position: q_l (the drafter has no q_s there)
+        # counted on the device and read once, in finish(): no host read per step
+        self._deferred = self._deferred + ((pi - q_large[:gamma]).abs().sum(-1) < 1e-9).sum()
+        state.stats.add_extra("positions_scored", gamma)
+        if state.greedy:
+            return accept_greedy(tree, targets)
+        return accept_against(tree, targets, state.sampler)
+
+
+CONFIG = SpecCascadeConfig

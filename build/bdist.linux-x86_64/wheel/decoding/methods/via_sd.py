@@ -1,0 +1,185 @@
+"""VIA-SD: verification via intra-model routing (Xian et al., ICML 2026; no public code; this is
+the reconstruction in research/viasd.md §1, marked [R] where a choice is ours).
+
+A slim verifier q' = q_z (the target with the layers of a routing mask z skipped, found offline by
+the DIMR search; shared weights, no extra memory) sits between the drafter p and the target q.
+Per drafted block x_1..x_γ, one slim pass scores all drafts, then each position in order goes to
+the cheapest tier that can settle it:
+  1. direct acceptance: p and q' agree with high confidence (both pick x, and min(p(x), q'(x)) >= τ_agree;
+     or TV / KL(p || q') <= τ_agree) -> x is kept;
+  2. slim verification: q' is confident (max q' >= τ_slim) -> speculative step of x against q'
+     (min(1, q'(x)/p(x)); greedy: x == argmax q'); on rejection q' regenerates the token
+     (norm(max(0, q' - p)) or argmax q') and the block ends;
+  3. escalation: the full verifier q verifies x_i..x_γ in one forward (the engine's lossless SD step).
+If every draft is settled by tiers 1-2, the bonus token comes from q' at position γ+1 [R].
+Tokens settled by tiers 1-2 have no full-model KV: the next full pass re-runs them first (the
+engine's pending-token catch-up), so the target's cache always equals a fresh prefill.
+Lossy (tiers 1-2 do not sample from q). Thresholds above 1 (confidence) disable a tier: then every
+token escalates and the method reproduces `sd` token for token.
+Ablations: `middle=random` (random mask with the same skip count), `middle=model` (an independent
+smaller model as the middle tier)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from decoding.drafting.drafter import Drafter, DrafterConfig, build_drafter
+from decoding.engine.loop import DecodeState, Method, Proposal, commit, forward_proposal, verify
+from decoding.drafting.routing import kept_layers, load_mask, random_mask
+from decoding.engine.sampling import probabilities
+from decoding.engine.transfer import to_device, to_host
+from decoding.engine.target import TargetModel
+from decoding.engine.tree import TokenTree
+from pipeline.errors import ConfigError, check_choice, check_range
+from pipeline.models import ModelConfig
+
+
+@dataclass
+class VIASDConfig:
+    _target_: str = "decoding.methods.via_sd.VIASD"
+    name: str = "via_sd"
+    mask: str = "smollm2-135m-dimr"  # routing mask z, masks/<name>.json; conf/method/via_sd.yaml: the target's <model>-dimr
+    middle: str = "slim"  # slim (the paper's routed q_z) | random (ablation: random z, same skip count) | model
+    random_seed: int = 0  # middle=random: seed of the random mask
+    middle_model: Optional[ModelConfig] = None  # middle=model: an independent smaller model (ablation)
+    agreement: str = "confidence"  # tier 1 test [R]: confidence (min(p(x), q'(x)) >= τ) | tv | kl (distance <= τ)
+    agree_threshold: float = 0.7  # τ_agree [R: the paper's three-zone thresholds are not public]
+    slim_threshold: float = 0.5  # τ_slim: q' settles the token when max q' >= τ_slim [R]
+
+    def __post_init__(self) -> None:
+        check_choice("method.middle", self.middle, ("slim", "random", "model"))
+        check_choice("method.agreement", self.agreement, ("confidence", "tv", "kl"))
+        check_range("method.agree_threshold", self.agree_threshold, 0.0)
+        check_range("method.slim_threshold", self.slim_threshold, 0.0)
+        if self.middle == "model" and self.middle_model is None:
+            raise ConfigError("method.middle=model needs method.middle_model (a model config)")
+
+
+DIRECT, SLIM, FULL = "direct", "slim", "full"
+
+
+class VIASD(Method):
+    name = "via_sd"
+    lossless = False
+    uses_drafter = True
+
+    def setup(self, target: TargetModel) -> None:
+        cfg = self.config
+        drafter_cfg = self.drafter_config or DrafterConfig()
+        self.drafter = build_drafter(drafter_cfg, target)
+        self.gamma = drafter_cfg.gamma
+        self.middle_model: Drafter | None = None
+        if cfg.middle == "model":
+            self.middle_model = build_drafter(DrafterConfig(kind="model", model=cfg.middle_model), target)
+            return
+        skip = load_mask(cfg.mask, target.num_layers)
+        if cfg.middle == "random":
+            skip = random_mask(target.num_layers, len(skip), cfg.random_seed)
+        self.slim_layers = kept_layers(skip, target.num_layers)
+
+    def begin(self, state: DecodeState) -> None:
+        self.drafter.begin(state.sequence)
+        if self.middle_model is not None:
+            self.middle_model.begin(state.sequence)
+
+    def middle_logits(self, state: DecodeState, chain: TokenTree) -> torch.Tensor:
+        """q' at the root and after each draft: one read-only slim pass over the target's cache."""
+        if self.middle_model is not None:
+            return self.middle_model.score(state.sequence, chain.tokens[1:])
+        return forward_proposal(state.target, Proposal(chain), state.pending, active_layers=self.slim_layers).logits
+
+    def plan(self, state: DecodeState, drafts: list[int], p: torch.Tensor, s: torch.Tensor) -> dict[str, list]:
+        """Every position's tier decision at once on the device, read back with one host copy:
+        p [γ, V] drafter, s [γ + 1, V] slim verifier q'. Per position i (draft x):
+        direct: q' picks x and the agreement test passes; slim: q' is confident (max q' >= τ_slim),
+        then `slim_ok` (x == argmax q', or u < q'(x)/p(x)) and otherwise the regenerated token
+        (argmax q', or a draw from norm(max(0, q' - p))); `bonus`: q''s token after the last draft."""
+        cfg, sampler = self.config, state.sampler.stream("via_sd").for_device(s.device)
+        p = p.to(s.device)
+        gamma = len(drafts)
+        x = to_device(drafts, s.device)[:, None]
+        s_drafts = s[:gamma]
+        px, sx = p.gather(1, x)[:, 0], s_drafts.gather(1, x)[:, 0]
+        s_top = s.argmax(-1)
+        picks_x = s_top[:gamma] == x[:, 0]
+        if cfg.agreement == "confidence":
+            agree = torch.minimum(px, sx) >= cfg.agree_threshold
+        elif cfg.agreement == "tv":
+            agree = (p - s_drafts).clamp_min(0).sum(-1) <= cfg.agree_threshold
+        else:
+            agree = (p * (p.clamp_min(1e-12).log() - s_drafts.clamp_min(1e-12).log())).sum(-1) <= cfg.agree_threshold
+        direct = picks_x & agree
+        slim = ~direct & (s_drafts.max(-1).values >= cfg.slim_threshold)
+        if state.greedy:
+            slim_ok, regen, bonus = picks_x, s_top[:gamma], s_top[gamma:]
+        else:
+            slim_ok = sampler.uniform(gamma) * px.clamp_min(1e-30) < sx  # u < min(1, q'(x) / p(x))
+            residual = (s_drafts - p).clamp_min(0)
+            has_residual = residual.sum(-1) > 1e-12
+            drawn = sampler.categorical(torch.where(has_residual[:, None], residual, s_drafts))
+            regen = torch.where(has_residual, drawn, s_top[:gamma])
+            bonus = sampler.categorical(s[gamma:])
+        names = ("direct", "slim", "slim_ok", "regen", "bonus")
+        return dict(zip(names, to_host(direct, slim, slim_ok, regen, bonus)))
+
+    def step(self, state: DecodeState) -> None:
+        t0 = time.perf_counter()
+        drafts, p = self.drafter.draft(state.sequence, self.gamma, state.temperature, state.sampler)
+        t1 = time.perf_counter()
+        chain = TokenTree.chain(state.root, drafts, list(p))
+        s = probabilities(self.middle_logits(state, chain), state.temperature)
+        state.stats.add_extra("slim_forwards" if self.middle_model is None else "middle_forwards", 1)
+        plan = self.plan(state, drafts, p, s)
+        settled: list[int] = []  # drafts kept by tiers 1-2
+        tiers: list[str] = []  # which of the two kept each of them
+        for i, x in enumerate(drafts):
+            if plan["direct"][i]:
+                settled.append(x)
+                tiers.append(DIRECT)
+            elif plan["slim"][i] and plan["slim_ok"][i]:
+                settled.append(x)
+                tiers.append(SLIM)
+            elif plan["slim"][i]:  # q' rejects x: its own token ends the block
+                return self._finish(state, settled, tiers, plan["regen"][i], t0, t1)
+            else:
+                return self._escalate(state, drafts, p, i, settled, tiers, t0, t1)
+        return self._finish(state, settled, tiers, plan["bonus"][0], t0, t1)
+
+    def finish(self, state: DecodeState) -> None:
+        self.drafter.record(state.stats)  # a middle model's passes are `middle_forwards`, one per block
+
+    @staticmethod
+    def _count_tiers(state, tiers: list[str], n_committed: int) -> None:
+        for tier in tiers[:n_committed]:
+            state.stats.add_extra(f"settled_{tier}", 1)
+
+    def _finish(self, state, settled, tiers, last, t0, t1) -> None:
+        """The block ends without the full model: drafts kept by tiers 1-2 plus q's token."""
+        committed = commit(state, settled + [last])
+        self._count_tiers(state, tiers + [SLIM], len(committed))
+        state.stats.record_step(num_draft_tokens=self.gamma, num_accepted=min(len(settled), len(committed)),
+                                accepted_depths=list(range(1, min(len(settled), len(committed)) + 1)))
+        state.stats.add_time(draft=t1 - t0, verify=time.perf_counter() - t1)
+
+    def _escalate(self, state, drafts, p, i, settled, tiers, t0, t1) -> None:
+        """Tier 3 from position i: commit what tiers 1-2 settled, then the engine's lossless SD
+        step verifies x_i..x_γ with the full target (re-running the pending tokens first)."""
+        committed = commit(state, settled)
+        self._count_tiers(state, tiers, len(committed))
+        accepted = len(committed)
+        if not state.done:
+            proposal = Proposal(TokenTree.chain(state.root, drafts[i:], None if state.greedy else list(p[i:])))
+            result = verify(state, proposal, record=False)
+            accepted += result.verdict.num_accepted
+            state.stats.add_extra("settled_full", len(result.committed))
+        state.stats.add_extra("escalations", 1)
+        state.stats.record_step(num_draft_tokens=self.gamma, num_accepted=accepted,
+                                accepted_depths=list(range(1, accepted + 1)))
+        state.stats.add_time(draft=t1 - t0, verify=time.perf_counter() - t1)
+
+
+CONFIG = VIASDConfig

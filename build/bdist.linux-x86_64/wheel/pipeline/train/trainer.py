@@ -1,0 +1,249 @@
+"""The drafter training loop: data (built once, resumable), a fresh DFlash drafter or a Domino head
+on a trained DFlash backbone (the early exit's head: pipeline/train/exit_head.py), AdamW with warm-up
++ cosine decay, resumable checkpoints, a progress bar, W&B logging, and an export in the published
+checkpoint layout after every checkpoint."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import random
+import time
+from pathlib import Path
+
+import torch
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from decoding.drafting.dflash_drafter import DFlashDrafter, DrafterSpec, load_drafter, save_drafter
+from pipeline.models import load_model, stop_token_ids
+from pipeline.train.config import TrainConfig
+from pipeline.train.data import build_dataset, load_samples
+from pipeline.train.objectives import dflash_loss, domino_loss, sample_blocks
+from pipeline.train.prompts import training_prompts
+
+log = logging.getLogger(__name__)
+
+
+def new_drafter(cfg: TrainConfig, target_config) -> DFlashDrafter:
+    d = cfg.drafter
+    spec = DrafterSpec(
+        hidden_size=target_config.hidden_size, num_hidden_layers=d.num_layers,
+        num_attention_heads=target_config.num_attention_heads, num_key_value_heads=target_config.num_key_value_heads,
+        head_dim=getattr(target_config, "head_dim", None) or target_config.hidden_size // target_config.num_attention_heads,
+        intermediate_size=d.intermediate_size, vocab_size=target_config.vocab_size,
+        target_layer_ids=list(d.target_layer_ids), mask_token_id=d.mask_token_id, block_size=d.block_size,
+        rms_norm_eps=target_config.rms_norm_eps, rope_theta=_rope_theta(target_config),
+        num_target_layers=target_config.num_hidden_layers)
+    torch.manual_seed(d.seed)
+    model = DFlashDrafter(spec)
+    for name, p in model.named_parameters():
+        if p.dim() == 2:
+            torch.nn.init.normal_(p, std=0.02)  # Qwen3 initializer_range
+    return model
+
+
+@torch.no_grad()
+def init_from_data(model: DFlashDrafter, samples: list[dict], target) -> None:
+    """Data-dependent start (weights only; the checkpoint format is unchanged): the tapped features
+    have a few huge constant dimensions (attention-sink style outliers: one dimension of layer 27
+    averages ~450 while the median spread is ~14), which would make every fused context row point
+    the same way; scaling fc's input columns by 1/std of each feature lets every dimension count
+    from the first step. The output norm starts as the target's final norm, since the drafter's
+    output is read by the target's lm_head."""
+    feats = torch.cat([s["hidden"][1:].reshape(len(s["hidden"]) - 1, -1).float() for s in samples[:64]])
+    std = feats.std(dim=0).clamp(min=1e-3)
+    model.fc.weight.mul_((std.median() / std)[None].to(model.fc.weight.dtype))
+    final_norm = getattr(target.model, "norm", None)
+    if final_norm is not None and final_norm.weight.shape == model.norm.weight.shape:
+        model.norm.weight.copy_(final_norm.weight)
+
+
+def _rope_theta(config) -> float:
+    rope = getattr(config, "rope_parameters", None) or {}
+    return float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
+
+
+def domino_from_dflash(cfg: TrainConfig) -> DFlashDrafter:
+    """Same backbone weights, plus a fresh Domino head whose output layer starts at zero, so training
+    starts exactly from DFlash's drafts."""
+    d = cfg.drafter
+    if not d.init_from:
+        from pipeline.errors import ConfigError
+
+        raise ConfigError("drafter=domino needs drafter.init_from=<trained DFlash checkpoint>")
+    base = load_drafter(d.init_from, dtype=torch.float32)
+    if base.spec.is_domino:
+        from pipeline.errors import ConfigError
+
+        raise ConfigError(f"drafter.init_from={d.init_from} is already a Domino checkpoint")
+    spec = DrafterSpec(**{**base.spec.__dict__, "projector_type": "domino", "gru_hidden_dim": d.gru_hidden_dim,
+                          "emb_dim": d.emb_dim, "pure_draft_prefix_len": d.pure_draft_prefix_len,
+                          "shift_label": d.shift_label})
+    torch.manual_seed(d.seed)
+    model = DFlashDrafter(spec)
+    model.load_state_dict(base.state_dict(), strict=False)
+    torch.nn.init.normal_(model.embed_proj[0].weight, std=0.02)
+    torch.nn.init.zeros_(model.embed_proj[2].weight)
+    return model
+
+
+def learning_rate(step: int, cfg) -> float:
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+    return cfg.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def lambda_base(step: int, cfg) -> float:
+    ramp = min(1.0, step / max(1, 0.6 * cfg.steps))
+    return cfg.lambda_start + (cfg.lambda_end - cfg.lambda_start) * ramp
+
+
+def compute_loss(model, embed, lm_head, sample, blocks, cfg, step):
+    d = cfg.drafter
+    if d.kind == "dflash":
+        return dflash_loss(model, embed, lm_head, sample, blocks, d.mask_token_id)
+    return domino_loss(model, embed, lm_head, sample, blocks, d.mask_token_id, lambda_base(step, d))
+
+
+@torch.no_grad()
+def validate(model, embed, lm_head, samples, cfg) -> dict:
+    gen = torch.Generator().manual_seed(1234)
+    totals: dict[str, float] = {}
+    for sample in samples:
+        blocks = sample_blocks(sample["ids"], sample["prompt_len"], model.spec.block_size, cfg.drafter.num_anchors,
+                               cfg.drafter.loss_decay_gamma, model.spec.shift_label, gen)
+        if blocks is None:
+            continue
+        _, metrics = compute_loss(model, embed, lm_head, sample, blocks, cfg, cfg.drafter.steps)
+        for k, v in metrics.items():
+            totals[k] = totals.get(k, 0.0) + v / len(samples)
+    return {f"val/{k}": v for k, v in totals.items()}
+
+
+def training_samples(cfg: TrainConfig, target, tokenizer) -> list[dict]:
+    """The answer shards (built once, resumable), in a seeded shuffle: the first val_sequences validate."""
+    prompts = training_prompts(cfg.data.num_prompts, cfg.data.seed)
+    paths = build_dataset(target, tokenizer, prompts, list(cfg.drafter.target_layer_ids), Path(cfg.data.dir),
+                          cfg.data.batch_size, cfg.data.max_new_tokens, stop_token_ids(target, tokenizer),
+                          progress=lambda i, n: log.info("data: shard %d/%d", i, n),
+                          template_kwargs=cfg.model.chat_template_kwargs)
+    samples = load_samples(paths)
+    random.Random(cfg.data.seed).shuffle(samples)
+    return samples
+
+
+def resume_state(path: Path, model, optimizer) -> tuple[int, float]:
+    """Load a saved training state into model and optimizer: (step, seconds trained), (0, 0) if none."""
+    if not path.exists():
+        return 0, 0.0
+    saved = torch.load(path, weights_only=False)
+    model.load_state_dict(saved["model"])
+    optimizer.load_state_dict(saved["optimizer"])
+    log.info("resumed at step %d (%.0f s trained)", saved["step"], saved["elapsed_s"])
+    return saved["step"], saved["elapsed_s"]
+
+
+def save_state(path: Path, model, optimizer, step: int, elapsed: float) -> None:
+    """Atomic write (a killed run leaves the previous state whole)."""
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step, "elapsed_s": elapsed},
+               path.with_suffix(".tmp"))
+    path.with_suffix(".tmp").rename(path)
+
+
+def progress_bar(d, step: int, show: bool,
+                 fields: str = "loss {task.fields[loss]:.3f}  acc_len {task.fields[acc]:.2f}"):
+    progress = Progress(TextColumn(f"[bold]train {d.kind}"), BarColumn(), MofNCompleteColumn(), TextColumn(fields),
+                        TimeElapsedColumn(), disable=not show)
+    return progress, progress.add_task("train", total=d.steps, completed=step, loss=0.0, acc=0.0)
+
+
+def make_wandb(cfg: TrainConfig, run_config: dict, state_dir: Path):
+    if cfg.tracker.kind == "none":
+        return None
+    import wandb
+
+    return wandb.init(project=cfg.tracker.project, entity=cfg.tracker.entity,
+                      mode=os.environ.get("WANDB_MODE", cfg.tracker.mode), job_type=f"train_{cfg.drafter.kind}",
+                      config=run_config, dir=str(state_dir), name=f"train_{cfg.drafter.kind}", reinit="finish_previous")
+
+
+def train(cfg: TrainConfig, run_config: dict, show_progress: bool = True) -> dict:
+    d = cfg.drafter
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    if d.kind == "exit_head":
+        from pipeline.train.exit_head import train_exit_head
+
+        return train_exit_head(cfg, run_config, show_progress)
+    state_dir, out_dir = Path(d.state_dir), Path(d.out_dir)
+    state_dir.mkdir(parents=True, exist_ok=True)
+
+    target, tokenizer = load_model(cfg.model)
+    for p in target.parameters():
+        p.requires_grad_(False)
+    embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
+
+    samples = training_samples(cfg, target, tokenizer)
+    val, train_set = samples[:d.val_sequences], samples[d.val_sequences:]
+
+    if d.kind == "dflash":
+        model = new_drafter(cfg, target.config)
+        init_from_data(model, train_set, target)
+    else:
+        model = domino_from_dflash(cfg)
+    model.train()
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=d.lr, weight_decay=0.01)
+    resume_path = state_dir / "train_state.pt"
+    step, elapsed = resume_state(resume_path, model, optimizer)
+    gen = torch.Generator().manual_seed(d.seed * 1000 + step)
+    rng = random.Random(d.seed * 1000 + step)
+    wb = make_wandb(cfg, run_config, state_dir)
+
+    def checkpoint(final: bool = False) -> dict:
+        save_state(resume_path, model, optimizer, step, elapsed)
+        save_drafter(model, out_dir)
+        metrics = validate(model.eval(), embed, lm_head, val, cfg) if final or step % (5 * d.checkpoint_every) == 0 else {}
+        model.train()
+        return metrics
+
+    progress, task = progress_bar(d, step, show_progress)
+    budget_s = d.time_budget_min * 60
+    with progress:
+        while step < d.steps and elapsed < budget_s:
+            t0 = time.perf_counter()
+            for group in optimizer.param_groups:
+                group["lr"] = learning_rate(step, d)
+            optimizer.zero_grad(set_to_none=True)
+            agg: dict[str, float] = {}
+            for sample in rng.sample(train_set, d.seqs_per_step):
+                blocks = sample_blocks(sample["ids"], sample["prompt_len"], model.spec.block_size, d.num_anchors,
+                                       d.loss_decay_gamma, model.spec.shift_label, gen)
+                if blocks is None:
+                    continue
+                loss, metrics = compute_loss(model, embed, lm_head, sample, blocks, cfg, step)
+                (loss / d.seqs_per_step).backward()
+                for k, v in metrics.items():
+                    agg[k] = agg.get(k, 0.0) + v / d.seqs_per_step
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            step += 1
+            elapsed += time.perf_counter() - t0
+            progress.update(task, completed=step, loss=agg.get("loss", 0.0), acc=agg.get("accept_len", 0.0))
+            logged = {f"train/{k}": v for k, v in agg.items()} | {"train/lr": optimizer.param_groups[0]["lr"]}
+            if step % d.checkpoint_every == 0:
+                logged |= checkpoint()
+                log.info("step %d: %s", step, {k: round(v, 4) for k, v in logged.items()})
+            if wb is not None:
+                wb.log(logged, step=step)
+    final = checkpoint(final=True)
+    summary = {"kind": d.kind, "steps": step, "train_minutes": round(elapsed / 60, 1), "sequences": len(train_set),
+               "tokens": sum(len(s["ids"]) for s in samples), **{k: round(v, 4) for k, v in final.items()}}
+    (out_dir / "training.json").write_text(json.dumps(summary, indent=2))
+    if wb is not None:
+        wb.summary.update(summary)
+        wb.finish()
+    log.info("trained %s: %s", d.kind, summary)
+    return summary

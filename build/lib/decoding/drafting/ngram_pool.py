@@ -1,0 +1,123 @@
+"""The n-gram pool that training-free "self-draft" methods verify from, and the redundancy measure
+that compares how much their drafted branches repeat each other.
+
+`NGramPool` is Lookahead's token map (Fu et al. 2024, `lade/decoding.py:update_token_map`) and
+Self-Draft's context cache (`self_draft/cache/context_cache.py`): key token -> at most `cap`
+continuations, least recently used first; inserting a present n-gram moves it to the end, inserting
+into a full list drops the oldest. Candidates for a root come back as one prefix-shared trie, so
+candidates that share a prefix are verified once (the engine's tree verification).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from decoding.engine.tree import TokenTree
+
+
+class NGramPool:
+    def __init__(self, cap: int):
+        self.cap = cap  # continuations kept per key (Lookahead's G, Self-Draft's max_val_len)
+        self.table: dict[int, list[tuple[int, ...]]] = {}
+
+    def add(self, key: int, ngram: Sequence[int]) -> None:
+        ngram = tuple(ngram)
+        entries = self.table.setdefault(key, [])
+        if ngram in entries:
+            entries.remove(ngram)
+        elif len(entries) >= self.cap:
+            del entries[0]
+        entries.append(ngram)
+
+    def add_text(self, tokens: Sequence[int], length: int, start: int = 0) -> None:
+        """Every (key, next `length` tokens) of a committed text, keys from index `start` on
+        (Lookahead's POOL_FROM_PROMPT, Self-Draft's n-grams of the generated text)."""
+        for i in range(max(start, 0), len(tokens) - length):
+            self.add(tokens[i], tokens[i + 1:i + 1 + length])
+
+    def get(self, key: int, limit: int | None = None) -> list[tuple[int, ...]]:
+        """The `limit` most recent continuations of `key`, oldest first (the order Lookahead tries
+        them in)."""
+        entries = self.table.get(key, [])
+        return entries[-limit:] if limit else list(entries)
+
+    def keep_recent(self, keep: int) -> None:
+        """Shrink every key to its `keep` most recent entries (Self-Draft's reduce_cache between
+        prompts)."""
+        self.table = {k: v[-keep:] for k, v in self.table.items() if keep > 0 and v}
+
+    def __len__(self) -> int:
+        return sum(len(v) for v in self.table.values())
+
+
+class CorpusNGrams:
+    """A static n-gram table built from a text corpus (Self-Draft's CorpusCache): keys of 1..
+    `max_key_len` tokens -> the `top_k` most frequent next-`length`-token n-grams seen more than
+    `min_count - 1` times; lookup backs off from the longest key to a single token."""
+
+    def __init__(self, token_ids: Sequence[int], length: int, max_key_len: int, top_k: int, min_count: int):
+        from collections import Counter
+
+        self.max_key_len = max_key_len
+        self.table: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
+        for key_len in range(1, max_key_len + 1):
+            counts: dict[tuple[int, ...], Counter] = {}
+            for i in range(len(token_ids) - key_len - length + 1):
+                key = tuple(token_ids[i:i + key_len])
+                counts.setdefault(key, Counter())[tuple(token_ids[i + key_len:i + key_len + length])] += 1
+            for key, counter in counts.items():
+                frequent = [g for g, c in counter.most_common(top_k) if c >= min_count]
+                if frequent:
+                    self.table[key] = frequent
+
+    def get(self, context: Sequence[int], limit: int, exclude: Iterable[tuple[int, ...]] = ()) -> list[tuple[int, ...]]:
+        found: list[tuple[int, ...]] = []
+        skip = set(exclude)
+        for key_len in range(min(self.max_key_len, len(context)), 0, -1):
+            for gram in self.table.get(tuple(context[-key_len:]), []):
+                if len(found) >= limit:
+                    return found
+                if gram not in skip:
+                    found.append(gram)
+                    skip.add(gram)
+        return found
+
+
+def candidate_tree(root: int, ngrams: Iterable[Sequence[int]], max_nodes: int | None = None) -> TokenTree:
+    """The candidates as one deduplicated trie under `root`; with `max_nodes`, whole candidates are
+    taken in order while they fit (a partial last one is cut to the budget)."""
+    sequences = [list(g) for g in ngrams if len(g)]
+    if max_nodes is None:
+        return TokenTree.from_sequences(root, sequences)
+    kept: list[list[int]] = []
+    seen: set[tuple[int, ...]] = set()
+    for seq in sequences:
+        new = [tuple(seq[:i + 1]) for i in range(len(seq)) if tuple(seq[:i + 1]) not in seen]
+        room = max_nodes - len(seen)
+        if room <= 0:
+            break
+        if len(new) > room:
+            seq = seq[:len(seq) - len(new) + room]
+            new = new[:room]
+        seen.update(new)
+        kept.append(seq)
+    return TokenTree.from_sequences(root, kept)
+
+
+def bigram_redundancy(branches: Iterable[Sequence[int]], edges: Iterable[tuple[int, int]] = ()) -> tuple[int, int]:
+    """(total, duplicated) bigrams over the drafted branches of one step: a bigram is duplicated
+    when another branch (or the same one) already drafted it. `edges` adds (parent, child) token
+    pairs of a drafted tree, each counted once (a shared prefix is drafted once, not per leaf)."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    pairs = [pair for b in branches for pair in zip(b, b[1:])]
+    for pair in [*pairs, *edges]:
+        total += 1
+        seen.add(pair)
+    return total, total - len(seen)
+
+
+def record_redundancy(stats, total: int, duplicated: int) -> None:
+    """Per-step redundancy counters; the run's share is draft_bigrams_duplicated / draft_bigrams."""
+    stats.add_extra("draft_bigrams", total)
+    stats.add_extra("draft_bigrams_duplicated", duplicated)

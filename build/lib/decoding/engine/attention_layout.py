@@ -1,0 +1,115 @@
+"""Per-layer-type attention, read from the model's config and cache: which decoder layers attend to
+the whole context and which to a sliding window (Gemma 2/3, Qwen2 with its window on, Mistral),
+the mask each type needs for a block of tree/aux rows, and the sliding layers' cache bookkeeping.
+
+transformers 5 gives a hybrid model one mask per layer type (a dict keyed by layer type) and a
+DynamicSlidingWindowLayer per sliding layer, which keeps only the last `window - 1` keys and counts
+every token it has seen (`cumulative_length`). We keep that memory bound and follow its rules:
+
+- a sliding layer keeps recording past keys until we cut it (`activate_past_recording`), so the
+  rows of a rejected draft can be dropped without having evicted the window's oldest keys;
+- in a forward, a sliding layer returns its last min(cached, window - 1) keys, then the block's;
+  a block row at position q sees a key at position k when q - window < k (the sliding overlay of
+  transformers' masking_utils), on top of the tree/aux visibility;
+- a sliding layer's stored key i sits at position `cumulative_length - stored + i` (`offset`), so
+  compaction and truncation index through it, then cut the layer back to `window - 1` keys.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers.cache_utils import get_layer_types_and_kwargs
+
+FULL, SLIDING = "full_attention", "sliding_attention"
+
+
+class UnsupportedArchitecture(ValueError):
+    """A layer type the engine does not handle (one line for the user)."""
+
+
+@dataclass(frozen=True)
+class AttentionLayout:
+    types: tuple[str, ...]  # per decoder layer: FULL or SLIDING
+    windows: dict[str, int | None]  # per layer type: its sliding window (None: the whole context)
+
+    @classmethod
+    def of(cls, config) -> "AttentionLayout":
+        config = config.get_text_config(decoder=True)  # as DynamicCache reads it
+        types, kwargs = get_layer_types_and_kwargs(config)
+        unknown = sorted(set(types) - {FULL, SLIDING})
+        if unknown:
+            raise UnsupportedArchitecture(f"{config.model_type}: layer type(s) {', '.join(unknown)} are not supported "
+                                          f"by the decoding engine (it handles {FULL} and {SLIDING})")
+        windows: dict[str, int | None] = {FULL: None}
+        sizes = {int(kw["sliding_window"]) for t, kw in zip(types, kwargs) if t == SLIDING}
+        if len(sizes) > 1:
+            raise UnsupportedArchitecture(f"{config.model_type}: sliding layers with different windows {sorted(sizes)} "
+                                          "are not supported by the decoding engine")
+        if sizes:
+            windows[SLIDING] = sizes.pop()
+        return cls(tuple(types), {t: windows[t] for t in dict.fromkeys(types)})
+
+    @property
+    def is_uniform(self) -> bool:
+        return len(self.windows) == 1
+
+    def masks(self, visible: torch.Tensor, positions: torch.Tensor, prefix_len: int, dtype: torch.dtype):
+        """The additive masks of a block after `prefix_len` cached tokens: one [1, 1, n, keys] float
+        tensor for a model with one layer type, else {layer type: mask}. `visible` [n, n] bool says
+        which block rows each row attends to; `positions` [n] are the rows' absolute positions.
+        Always float: a boolean 4D mask is silently wrong under eager attention in transformers 5."""
+        masks = {t: self._mask(visible, positions, prefix_len, w, dtype) for t, w in self.windows.items()}
+        # one type: a tensor, since the forwards of one-type models (LLaMA, Mistral) take no dict
+        return next(iter(masks.values())) if self.is_uniform else masks
+
+    @staticmethod
+    def _mask(visible, positions, prefix_len: int, window: int | None, dtype) -> torch.Tensor:
+        n = visible.shape[0]
+        cached = prefix_len if window is None else min(prefix_len, window - 1)
+        allowed = torch.ones(n, cached + n, dtype=torch.bool, device=visible.device)
+        allowed[:, cached:] = visible
+        if window is not None:
+            key_positions = torch.cat([torch.arange(prefix_len - cached, prefix_len, device=positions.device),
+                                       positions])
+            allowed &= key_positions[None, :] > positions[:, None] - window
+        mask = torch.zeros(1, 1, n, cached + n, dtype=dtype, device=visible.device)
+        return mask.masked_fill_(allowed.logical_not()[None, None], torch.finfo(dtype).min)
+
+    @staticmethod
+    def mask_for(masks, layer_type: str):
+        """The mask one layer gets from `masks()`'s result (a tensor serves every layer)."""
+        return masks[layer_type] if isinstance(masks, dict) else masks
+
+
+# ------------------------------------------------------------------ cache layers
+def record_past(cache) -> None:
+    """Make every sliding layer keep its evicted keys until `cut` (so a rejected draft can be dropped)."""
+    for layer in cache.layers:
+        if getattr(layer, "is_sliding", False):
+            layer.activate_past_recording()
+
+
+def offset(layer) -> int:
+    """Position of the layer's first stored key (0 for a full-attention layer)."""
+    if not getattr(layer, "is_sliding", False):
+        return 0
+    return layer.cumulative_length - layer.keys.shape[-2]
+
+
+def cut(layer, length: int) -> None:
+    """Keep the layer's keys of positions < `length`; a sliding layer then keeps only the last
+    window - 1 of them (all the next token can see) and counts `length` tokens seen."""
+    start = offset(layer)
+    if length < start:
+        raise ValueError(f"cannot cut a sliding layer to {length} tokens: it keeps positions from {start} on")
+    if layer.keys.shape[-2] > length - start:
+        layer.keys = layer.keys[:, :, : length - start]
+        layer.values = layer.values[:, :, : length - start]
+    if getattr(layer, "is_sliding", False):
+        keep = layer.sliding_window - 1
+        if layer.keys.shape[-2] > keep:
+            layer.keys = layer.keys[:, :, -keep:]
+            layer.values = layer.values[:, :, -keep:]
+        layer.cumulative_length = length

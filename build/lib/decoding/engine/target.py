@@ -1,0 +1,245 @@
+"""One wrapper around the target model, shared by every method.
+
+Cache convention: the KV cache holds every committed token except the last one (the *root*, the
+token the next forward starts from). A forward appends rows for a block of tokens; `keep_rows`
+then compacts the cache to the prefix plus the rows that were accepted.
+
+Layer skipping: a wrapper can own a subset of the decoder layers (`layers=`: an early-exit drafter
+is the first k layers, a slim self-drafter the layers a routing mask keeps); it then runs embed ->
+those layers -> final norm -> lm_head with the model's own modules and its own cache (an early
+exit may put a trained `exit_head` before the final norm, decoding/drafting/exit_head.py). A single
+forward can also run a subset of the wrapper's layers (`active_layers=`, the slim verifier of
+VIA-SD): such a pass only reads the cache, its block KV is dropped afterwards, because the KV of a
+layer fed by a slimmed residual stream is not the full model's KV (a later full pass recomputes it).
+
+Sliding-window attention (Gemma 2/3, Qwen2 with its window on, Mistral): the model's layer types and its sliding
+layers' caches are handled in one place, decoding/engine/attention_layout.py (masks per layer type, the
+window applied to the block rows' positions, sliding caches compacted and cut like the others);
+the layer-subset path gives each layer its type's mask and rotary embedding and applies the
+model's final-logit soft-capping, as the model's own forward does.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from transformers import DynamicCache
+
+from decoding.engine import attention_layout
+from decoding.engine.attention_layout import AttentionLayout
+from decoding.engine.transfer import to_device
+from decoding.engine.tree import TokenTree
+
+
+@dataclass
+class ForwardOutput:
+    logits: torch.Tensor  # [n, V], float32
+    hidden: dict[int, torch.Tensor] = field(default_factory=dict)  # layer id -> [n, H] (output of that decoder layer)
+
+
+def soft_cap(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
+    """The final-logit soft-capping of models that have one (Gemma 2: cap * tanh(logits / cap)), as
+    their ForCausalLM forward applies it; identity for the others."""
+    return logits if cap is None else torch.tanh(logits / cap) * cap
+
+
+class TargetModel:
+    """Prefill, block/tree forwards with a custom mask, hidden-state taps, KV compaction."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer=None, layers=None, exit_head: torch.nn.Module | None = None):
+        self.model = model.eval()
+        self.exit_head = exit_head  # applied to the last layer's output, before the final norm
+        self.tokenizer = tokenizer
+        self.config = model.config
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self.num_layers = self.config.num_hidden_layers
+        # The decoder layers this wrapper runs (all of them for the target; a subset for a drafter
+        # made from the target's own layers, which then keeps its own cache).
+        self.layers: tuple[int, ...] = tuple(range(self.num_layers)) if layers is None else tuple(sorted(set(layers)))
+        if not self.layers or not all(0 <= i < self.num_layers for i in self.layers):
+            raise ValueError(f"layers must be a non-empty subset of 0..{self.num_layers - 1}, got {layers}")
+        params = inspect.signature(model.forward).parameters
+        # transformers >= 5.2x renamed past_key_values -> cache and dropped cache_position.
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._pass_cache_position = "cache_position" in params
+        self.layout = AttentionLayout.of(self.config)  # the decoder layers' attention types and windows
+        rotary = getattr(getattr(model, "model", None), "rotary_emb", None)  # the layer-subset path's RoPE
+        self._rotary_per_type = rotary is not None and "layer_type" in inspect.signature(rotary.forward).parameters
+        self._logit_softcap = getattr(self.config, "final_logit_softcapping", None)
+        self.context_limit: int | None = getattr(self.config, "max_position_embeddings", None)
+        self.cache: DynamicCache | None = None
+        # decode-time passes through this wrapper's weights (prefill excluded): the raw count, and the
+        # cost-weighted count in full-model units (a pass over k of the model's L layers counts k/L)
+        self.num_forwards = 0
+        self.forward_cost = 0.0
+
+    # ------------------------------------------------------------------ cache
+    def reset(self) -> None:
+        self.cache = DynamicCache(config=self.config)
+        attention_layout.record_past(self.cache)
+        self.num_forwards = 0
+        self.forward_cost = 0.0
+
+    @property
+    def output_device(self) -> torch.device:
+        """Where logits come out (the lm_head's device; with a device_map it may differ from `device`)."""
+        head = self.model.get_output_embeddings()
+        return head.weight.device if head is not None else self.device
+
+    @property
+    def cache_len(self) -> int:
+        return 0 if self.cache is None else self.cache.get_seq_length(self.layers[0])
+
+    @property
+    def is_full(self) -> bool:
+        return len(self.layers) == self.num_layers
+
+    @torch.inference_mode()
+    def keep_rows(self, prefix_len: int, rows: list[int]) -> None:
+        """Keep cache[:prefix_len] plus block rows `rows` (relative to prefix_len, increasing), dropping the rest.
+
+        Our own gather: DynamicCache.crop(0) is a no-op in transformers 5 and crop() cannot drop
+        non-contiguous rows of a tree. Rows that already sit in place (the accepted path's leading
+        run) are left alone; the others are copied down in place, then every layer is cut: no
+        layer is copied whole. A sliding layer's rows are found through its offset.
+        """
+        moved = next((i for i, r in enumerate(rows) if r != i), len(rows))
+        if moved < len(rows):
+            kept = to_device([r + prefix_len for r in rows[moved:]], self.device)  # cache slots of a full layer
+            start = prefix_len + moved
+            indices = {}  # (offset, device) -> the kept rows' slots in such a layer
+            for layer in self._cached_layers():
+                first = attention_layout.offset(layer)
+                key = (first, layer.keys.device)  # a device_map spreads layers over devices
+                if key not in indices:
+                    indices[key] = kept.to(layer.keys.device) - first
+                index = indices[key]
+                lo, hi = start - first, start - first + len(rows) - moved
+                layer.keys[:, :, lo:hi] = layer.keys.index_select(2, index)
+                layer.values[:, :, lo:hi] = layer.values.index_select(2, index)
+        self.truncate(prefix_len + len(rows))
+
+    def truncate(self, length: int) -> None:
+        """Keep the first `length` cached tokens of every layer (a sliding layer: the last
+        window - 1 of them)."""
+        for layer in self._cached_layers():
+            attention_layout.cut(layer, length)
+
+    def _cached_layers(self):
+        return [layer for layer in self.cache.layers if layer.keys is not None and layer.keys.numel() > 0]
+
+    # ---------------------------------------------------------------- forward
+    @torch.inference_mode()
+    def prefill(self, ids: list[int], hidden_layers: tuple[int, ...] = ()) -> ForwardOutput:
+        """Reset the cache and run `ids` through the model (all of them are cached). Logits come
+        back for the last row only (no [n, V] matrix over the prompt); hidden taps for every row."""
+        self.reset()
+        if not ids:
+            return ForwardOutput(torch.empty(0, self.config.vocab_size, device=self.output_device))
+        tokens = torch.tensor(ids, device=self.device)
+        out = self._run(tokens, torch.arange(len(ids), device=self.device), None, hidden_layers,
+                        last_only=True, layers=self.layers)
+        self.truncate(len(ids))  # sliding layers back to their window
+        self.num_forwards, self.forward_cost = 0, 0.0
+        return out
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        tokens,
+        depths,
+        visible=None,
+        hidden_layers: tuple[int, ...] = (),
+        active_layers=None,
+        last_only: bool = False,
+    ) -> ForwardOutput:
+        """Append a block after the cache. `tokens` and `depths` (offsets from the cache length:
+        position = cache_len + depth) are device tensors, or host lists/arrays that reach the device
+        as one copy; `visible` [n, n] bool (tensor or numpy) says which block rows each row attends
+        to (None = plain causal chain, the cheapest case).
+
+        `active_layers` (a subset of the wrapper's layers) runs only those decoder layers: a
+        read-only pass whose block KV is dropped again, so the cache stays the full model's; it
+        counts len(active_layers) / L of a full forward in `forward_cost`. `last_only` computes
+        logits for the last row only."""
+        prefix = self.cache_len
+        if isinstance(tokens, torch.Tensor) and isinstance(depths, torch.Tensor):
+            tokens, positions = tokens.to(self.device), depths.to(self.device) + prefix
+        else:  # host rows: one packed host->device copy
+            packed = np.asarray([tokens, depths], dtype=np.int64)
+            packed[1] += prefix
+            tokens, positions = to_device(packed, self.device)
+        mask = None
+        if visible is not None:
+            mask = self.layout.masks(to_device(visible, self.device, torch.bool), positions, prefix, self.dtype)
+        layers = self.layers if active_layers is None else tuple(sorted(set(active_layers)))
+        if not set(layers) <= set(self.layers):
+            raise ValueError(f"active_layers {layers} are not all layers of this wrapper")
+        scratch = layers != self.layers
+        self.num_forwards += 1
+        self.forward_cost += len(layers) / self.num_layers
+        out = self._run(tokens, positions, mask, hidden_layers, last_only, layers)
+        if scratch:
+            self.truncate(prefix)
+        return out
+
+    def forward_tree(self, tree: TokenTree, hidden_layers: tuple[int, ...] = ()) -> ForwardOutput:
+        return self.forward(tree.tokens, tree.depths, None if tree.is_chain else tree.ancestor_array(), hidden_layers)
+
+    def _run(self, tokens, positions, mask, hidden_layers, last_only: bool = False, layers=None) -> ForwardOutput:
+        if self.exit_head is not None or (layers is not None and len(layers) < self.num_layers):
+            return self._run_layers(tokens, positions, mask, hidden_layers, last_only, layers)
+        kwargs = {
+            "input_ids": tokens[None],
+            "position_ids": positions[None],
+            "attention_mask": mask,
+            self._cache_kw: self.cache,
+            "use_cache": True,
+            "output_hidden_states": bool(hidden_layers),
+        }
+        if self._pass_cache_position:
+            start = self.cache_len
+            kwargs["cache_position"] = torch.arange(start, start + len(tokens), device=self.device)
+        if last_only:
+            kwargs["logits_to_keep"] = 1
+        out = self.model(**kwargs)
+        hidden = {}
+        if hidden_layers:
+            # hidden_states[0] is the embedding output; the output of decoder layer i is [i + 1].
+            hidden = {i: out.hidden_states[i + 1][0] for i in hidden_layers}
+        return ForwardOutput(out.logits[0].float(), hidden)
+
+    def _run_layers(self, tokens, positions, mask, hidden_layers, last_only, layers) -> ForwardOutput:
+        """The decoder stack with only `layers` (skipped layers pass the residual stream through
+        and write no KV), built from the model's own modules: embeddings, rotary embedding (per
+        layer type where the model has one per type), decoder layers (each with its type's mask,
+        writing its KV to its own cache layer by its layer index), final norm, head, soft-cap."""
+        stack, head, types = self.model.model, self.model.lm_head, self.layout.types
+        prefix = self.cache_len
+        if mask is None and len(tokens) > 1:  # plain causal chain after the cached prefix (one row needs no mask)
+            n = len(tokens)
+            chain = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
+            mask = self.layout.masks(chain, positions, prefix, self.dtype)
+        pos = positions[None]
+        h = stack.embed_tokens(tokens[None])
+        if self._rotary_per_type:
+            rope = {t: stack.rotary_emb(h, pos, t) for t in dict.fromkeys(types[i] for i in layers)}
+        else:
+            shared = stack.rotary_emb(h, pos)  # one rotary embedding for every layer type
+            rope = {t: shared for t in set(types)}
+        hidden = {}
+        for i in layers:
+            layer_mask = None if mask is None else AttentionLayout.mask_for(mask, types[i])
+            h = stack.layers[i](h, attention_mask=layer_mask, position_ids=pos, cache=self.cache, use_cache=True,
+                                position_embeddings=rope[types[i]])
+            if i in hidden_layers:
+                hidden[i] = h[0]
+        if last_only:
+            h = h[:, -1:]
+        if self.exit_head is not None:
+            h = self.exit_head(h)
+        return ForwardOutput(soft_cap(head(stack.norm(h)), self._logit_softcap)[0].float(), hidden)

@@ -1,0 +1,38 @@
+"""Moving small things between the host and the device, at most once each way per step.
+
+- `to_host`: several device tensors as Python lists in ONE device->host copy (on a GPU, a sync);
+- `to_device`: host data (token ids, row indices) as a device tensor without stalling the GPU: a
+  blocking host->device copy waits for every kernel already queued (PyTorch synchronises the
+  stream after it), so on CUDA the data goes through pinned memory with `non_blocking=True`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def to_device(data, device: torch.device | str, dtype: torch.dtype = torch.long) -> torch.Tensor:
+    device = torch.device(device)
+    host = torch.as_tensor(data, dtype=dtype)
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
+
+
+def to_host(*tensors: torch.Tensor) -> list[list]:
+    """Several small device tensors as Python lists with ONE device->host copy (a host sync on a GPU).
+    Integer tensors come back as ints (exact below 2**53), floating ones as floats; each is flattened."""
+    if not tensors:
+        return []
+    if len(tensors) == 1:  # no packing needed: one copy as it is
+        values = tensors[0].reshape(-1).tolist()
+        return [values if tensors[0].is_floating_point() else [int(v) for v in values]]
+    # the first one in float64 makes torch.cat promote the others to it: one conversion, one copy
+    values = torch.cat([tensors[0].reshape(-1).to(torch.float64), *(t.reshape(-1) for t in tensors[1:])]).tolist()
+    out, start = [], 0
+    for t in tensors:
+        n = t.numel()
+        part = values[start:start + n]
+        out.append([int(v) for v in part] if not (t.is_floating_point() or t.is_complex()) else part)
+        start += n
+    return out

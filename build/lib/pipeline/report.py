@@ -1,0 +1,262 @@
+"""Compare runs: `python -m pipeline.report <run or sweep dir>... [--out DIR] [--forward-cost FILE] [--wandb]`
+
+Reads every summary.json under the given dirs (written by pipeline/runner.py) into one table, one
+row per model x task x temperature x method (x method settings that differ from the defaults), as
+Markdown and CSV, draws the plots (pipeline/plots.py) and optionally logs all of it to W&B.
+
+Speedup and match_rate are the runner's: tokens/s against the AR reference of the same model,
+task, settings and machine (fingerprinted, see runner.reference_fingerprint); the report never
+divides numbers from different runs. Failed and unfinished jobs are listed, not dropped silently.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hydra.experimental.callback import Callback
+
+from pipeline import table
+
+COLUMNS = ("model", "task", "temperature", "method", "settings", "dtype", "num_prompts", "speedup", "speedup_std",
+           "repeats", "tau",
+           "decoding_efficiency", "quality_metric", "quality", "ar_quality", "match_rate", "match_ties",
+           "match_divergences", "rejection_rate",
+           "draft_redundancy", "tokens_per_s", "ar_tokens_per_s", "num_drafts", "num_draft_tokens", "num_accepted_tokens",
+           "lossless", "experiment", "ar_reference", "run_dir")
+MARKDOWN_COLUMNS = (("model", "model"), ("task", "task"), ("temperature", "T"), ("method", "method"),
+                    ("settings", "settings"), ("num_prompts", "n"), ("speedup", "speedup"), ("tau", "τ"),
+                    ("decoding_efficiency", "DE"), ("quality", "quality"), ("ar_quality", "AR quality"),
+                    ("match_rate", "match"), ("match_ties", "ties"), ("match_divergences", "diverged"),
+                    ("rejection_rate", "rejection"), ("tokens_per_s", "tok/s"),
+                    ("ar_tokens_per_s", "AR tok/s"))
+
+
+class ReportError(ValueError):
+    """Nothing to report, or an unusable argument: one line for the user."""
+
+
+@dataclass
+class Collected:
+    rows: list[dict] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # failed / unfinished jobs, unreadable files, caveats
+
+
+def collect(paths: list[Path]) -> Collected:
+    out = Collected()
+    summaries: dict[Path, Path] = {}
+    for path in paths:
+        if not path.exists():
+            raise ReportError(f"{path} does not exist")
+        found = [path] if path.is_file() else sorted(path.rglob("summary.json"))
+        summaries.update({p.resolve(): p for p in found})
+        if path.is_dir():
+            notes, failed_dirs = failed_jobs(path)
+            out.notes += notes + unfinished_runs(path, skip=failed_dirs)
+    for path in summaries.values():
+        try:
+            out.rows.append(row_from_summary(path))
+        except (ValueError, KeyError, TypeError) as err:  # malformed file: say so, keep the others
+            out.notes.append(f"skipped {path}: unreadable summary ({type(err).__name__}: {err})")
+    if not out.rows:
+        raise ReportError(f"no summary.json found under {', '.join(map(str, paths))}")
+    out.rows, dropped = latest_per_key(out.rows)
+    out.notes += [f"{d} is superseded by a newer run of the same configuration" for d in dropped]
+    out.notes += mixed_references(out.rows)
+    out.notes += [f"warning: {r['model']}/{r['task']}/T={r['temperature']:g} {r['method']}: {len(r['_divergent_ids'])} "
+                  f"prompt(s) diverge from AR beyond a numeric near-tie: {', '.join(r['_divergent_ids'])}"
+                  for r in out.rows if r["_divergent_ids"]]
+    return out
+
+
+def row_from_summary(path: Path) -> dict:
+    row = summary_row(json.loads(path.read_text()), path.parent)
+    row["_mtime"] = path.stat().st_mtime
+    return row
+
+
+def summary_row(s: dict, run_dir: Path) -> dict:
+    """One table row from a run's summary (pipeline/summary.py) and its run dir."""
+    metric = s.get("quality_metric")
+    reference = run_dir / "reference.json"
+    return {
+        "model": s["model"], "task": s["task"], "temperature": float(s["temperature"]), "method": s["method"],
+        "settings": method_settings(run_dir, s["method"]), "num_prompts": s["num_prompts"],
+        "speedup": s.get("speedup"), "speedup_std": s.get("speedup_std"), "repeats": s.get("repeats"),
+        "tau": s.get("tau"), "decoding_efficiency": s.get("decoding_efficiency"),
+        "quality_metric": metric, "quality": (s.get("quality") or {}).get(metric) if metric else None,
+        "ar_quality": (s.get("ar_quality") or {}).get(metric) if metric else None,
+        "match_rate": s.get("match_rate"),
+        # mismatching prompts whose first divergence is a numeric near-tie, and the real divergences
+        "match_ties": s.get("match_ties"), "match_divergences": s.get("match_divergences"),
+        "dtype": s.get("dtype"), "_divergent_ids": s.get("divergent_ids") or [],
+        # vLLM's draft acceptance rate, inverted: share of drafted tokens (tree nodes for tree methods) rejected
+        "rejection_rate": s.get("rejection_rate"), "draft_redundancy": s.get("draft_redundancy"),
+        "tokens_per_s": s.get("tokens_per_s"), "ar_tokens_per_s": s.get("ar_tokens_per_s"),
+        "num_drafts": s.get("num_drafts"), "num_draft_tokens": s.get("num_draft_tokens"),
+        "num_accepted_tokens": s.get("num_accepted_tokens"), "lossless": s.get("lossless"),
+        "experiment": s.get("experiment"),
+        "ar_reference": json.loads(reference.read_text()).get("fingerprint") if reference.exists() else None,
+        "run_dir": str(run_dir), "_summary": {"method": s["method"], "by_category": s.get("by_category")},
+    }
+
+
+def label_of(row: dict) -> str:
+    return row["method"] + (f" ({row['settings']})" if row["settings"] else "")
+
+
+def method_settings(run_dir: Path, method: str) -> str:
+    """The method's hyperparameters that differ from its config defaults (from run_config.yaml),
+    so that sweeps over a method's settings give distinguishable rows."""
+    config_path = run_dir / "run_config.yaml"
+    if not config_path.exists():
+        return ""
+    from omegaconf import OmegaConf
+
+    from decoding import method_configs
+
+    used = OmegaConf.to_container(OmegaConf.load(config_path)).get("method", {})
+    config_cls = method_configs().get(method)
+    defaults = OmegaConf.to_container(OmegaConf.structured(config_cls)) if config_cls else {}
+    changed = {k: v for k, v in used.items() if k not in ("_target_", "name") and defaults.get(k, object()) != v}
+    return " ".join(f"{k}={v}" for k, v in sorted(changed.items()))
+
+
+def row_key(row: dict) -> tuple:
+    return row["model"], row["task"], row["temperature"], row["method"], row["settings"]
+
+
+def latest_per_key(rows: list[dict]) -> tuple[list[dict], list[str]]:
+    best: dict[tuple, dict] = {}
+    dropped = []
+    for row in sorted(rows, key=lambda r: r["_mtime"]):
+        if row_key(row) in best:
+            dropped.append(best[row_key(row)]["run_dir"])
+        best[row_key(row)] = row
+    ordered = sorted(best.values(), key=lambda r: (r["model"], r["task"], r["temperature"], r["method"] != "ar",
+                                                   r["method"], r["settings"]))
+    return ordered, dropped
+
+
+def mixed_references(rows: list[dict]) -> list[str]:
+    notes = []
+    groups: dict[tuple, set] = {}
+    for r in rows:
+        if r["ar_reference"]:
+            groups.setdefault((r["model"], r["task"], r["temperature"]), set()).add(r["ar_reference"])
+    for (model, task, temp), refs in groups.items():
+        if len(refs) > 1:
+            notes.append(f"{model}/{task}/T={temp:g}: speedups are against {len(refs)} different AR references "
+                         "(another machine or settings); compare each row with its own AR only")
+    return notes
+
+
+def failed_jobs(sweep_dir: Path) -> tuple[list[str], set[str]]:
+    """Failures recorded by the Slurm/local launchers (<sweep dir>/jobs.json), and their run dirs."""
+    notes, run_dirs = [], set()
+    for jobs_file in sorted(sweep_dir.rglob("jobs.json")):
+        for job in json.loads(jobs_file.read_text()).values():
+            if job.get("status") != "COMPLETED":
+                notes.append(f"job #{job['num']} ({' '.join(job['overrides'])}) {job['status']}: {job['error']}")
+                run_dirs.add(str(job.get("run_dir")))
+    return notes, run_dirs
+
+
+def unfinished_runs(root: Path, skip: set[str]) -> list[str]:
+    notes = []
+    for config in sorted(root.rglob("run_config.yaml")):
+        if (config.parent / "comparison.json").exists():  # a methods=[...] job: its runs are the subdirs
+            continue
+        if not (config.parent / "summary.json").exists() and str(config.parent) not in skip:
+            results = config.parent / "results.jsonl"
+            done = len(results.read_text().splitlines()) if results.exists() else 0
+            notes.append(f"{config.parent}: no summary.json (unfinished or failed; {done} prompts in results.jsonl)")
+    return notes
+
+
+def to_markdown(collected: Collected) -> str:
+    text = table.LEGEND + "\n\n"
+    text += table.markdown(collected.rows, MARKDOWN_COLUMNS)
+    categories = [{**c, "method": f"{r['model']}/{r['task']}/T={r['temperature']:g} {label_of(r)}"}
+                  for r in collected.rows for c in table.category_rows([r["_summary"]])]
+    if categories:
+        text += "\nBy category (Spec-Bench's layout):\n\n" + table.markdown(categories, table.CATEGORY_COLUMNS)
+    if collected.notes:
+        text += "\nNotes:\n" + "".join(f"- {n}\n" for n in collected.notes)
+    return text
+
+
+def write_csv(rows: list[dict], path: Path) -> None:
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def log_to_wandb(collected: Collected, images: list[Path], out: Path, project: str, group: str | None) -> None:
+    """One W&B run (job_type=report) in the sweep's group: the table as a wandb.Table, plots as images."""
+    from pipeline.schema import TrackerConfig
+    from pipeline.tracking import make_tracker
+
+    experiments = sorted({r["experiment"] for r in collected.rows if r["experiment"]})
+    group = group or (experiments[0] if len(experiments) == 1 else "report")
+    tracker = make_tracker(TrackerConfig(project=project, group=group), {"runs": [r["run_dir"] for r in collected.rows]},
+                           out, job_type="report", tags=["report"])
+    try:
+        tracker.log_table("comparison", [{c: r[c] for c in COLUMNS} for r in collected.rows])
+        for image in images:
+            tracker.log_image(image.stem, str(image))
+    finally:
+        tracker.finish()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipeline.report", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("paths", nargs="+", type=Path, help="run dirs, sweep dirs or summary.json files")
+    parser.add_argument("--out", type=Path, help="output dir (default: <first path>/report)")
+    parser.add_argument("--forward-cost", type=Path, help="benchmarks/bench_engine.py output (text or JSON)")
+    parser.add_argument("--wandb", action="store_true", help="log the table and plots as a W&B run")
+    parser.add_argument("--project", default="specdec", help="W&B project (with --wandb)")
+    parser.add_argument("--group", help="W&B group (default: the runs' experiment name)")
+    args = parser.parse_args(argv)
+    try:
+        from pipeline import plots
+
+        collected = collect(args.paths)
+        out = args.out or ((args.paths[0] if args.paths[0].is_dir() else args.paths[0].parent) / "report")
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "report.md").write_text(to_markdown(collected))
+        write_csv(collected.rows, out / "report.csv")
+        forward_cost = plots.read_forward_cost(args.forward_cost) if args.forward_cost else None
+        images = plots.draw_all(collected.rows, out, forward_cost)
+        if args.wandb:
+            log_to_wandb(collected, images, out, args.project, args.group)
+    except (ReportError, plots.ForwardCostError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(to_markdown(collected))
+    print(f"wrote {out / 'report.md'}, {out / 'report.csv'}" + "".join(f", {p}" for p in images))
+    return 0
+
+
+
+class SweepReport(Callback):
+    """Hydra callback (conf/config.yaml `hydra.callbacks`): a `-m` sweep ends by reporting itself, the
+    comparison table printed and report.md / report.csv / plots written to <sweep dir>/report."""
+
+    def on_multirun_end(self, config, **kwargs) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
+        if not sweep_dir.is_dir():
+            return
+        code = main([str(sweep_dir)])
+        if code:
+            print(f"the sweep's report failed (exit {code}); rerun: python -m pipeline.report {sweep_dir}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

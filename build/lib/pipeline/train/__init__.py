@@ -1,0 +1,1 @@
+"""Drafter training (`python -m pipeline.train`)."""

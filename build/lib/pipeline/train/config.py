@@ -1,0 +1,81 @@
+"""Typed config of `python -m pipeline.train` (registered in Hydra's ConfigStore)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+from pipeline.errors import check_choice, check_range
+from pipeline.models import ModelConfig
+from pipeline.schema import TrackerConfig
+
+
+@dataclass
+class DataConfig:
+    dir: str = "outputs/drafter_data/${model.name}"  # shards of answers + tapped hidden states (resumable)
+    num_prompts: int = 192  # even mix of GSM8K-train-side, stdlib-coding and open-ended prompts
+    max_new_tokens: int = 128
+    batch_size: int = 16  # batched HF generate: far cheaper per token than batch-1 on a CPU
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        check_range("data.num_prompts", self.num_prompts, 1)
+        check_range("data.batch_size", self.batch_size, 1)
+
+
+@dataclass
+class DrafterTrainConfig:
+    kind: str = "dflash"  # dflash | domino (Domino head + backbone fine-tuned from a DFlash checkpoint) | exit_head
+    out_dir: str = "drafters/${model.name}/${.kind}"  # published-format safetensors + config.json
+    state_dir: str = "outputs/drafter_train/${model.name}/${.kind}"  # resumable optimizer state
+    init_from: Optional[str] = None  # domino: the DFlash checkpoint to start from
+    num_layers: int = 2  # published Qwen3-8B drafter: 5; small for a 2-core CPU
+    intermediate_size: int = 1024
+    target_layer_ids: list[int] = field(default_factory=lambda: [1, 14, 27])  # default_target_layer_ids(30, 3)
+    block_size: int = 16  # the published -b16 checkpoints
+    mask_token_id: int = 16  # SmolLM2 has no <|MASK|>: <empty_output> (id 16) never occurs in chat answers
+    gru_hidden_dim: int = 256  # Domino; Qwen3-8B checkpoint: 1024
+    emb_dim: int = 64  # Domino correction rank; Qwen3-8B checkpoint: 256
+    pure_draft_prefix_len: int = 1  # Domino: first draft position uses the base logits
+    shift_label: bool = False  # see docs/methods/block-diffusion.md: keeps DFlash's row semantics so the backbone carries over
+    steps: int = 300
+    time_budget_min: float = 40.0  # stop (and save) after this many minutes even before `steps`
+    seqs_per_step: int = 4  # training sequences per optimizer step
+    num_anchors: int = 16  # blocks per sequence (SpecForge: 512 per long sequence on GPUs)
+    lr: float = 1e-3
+    warmup_steps: int = 50
+    loss_decay_gamma: float = 7.0  # DFlash: gamma = 7 for block size 16
+    lambda_start: float = 0.8  # Domino base-anchored curriculum: weight of CE(base) ...
+    lambda_end: float = 0.2  # ... annealed linearly to this over the first 60% of steps
+    checkpoint_every: int = 25
+    val_sequences: int = 16
+    seed: int = 0
+    exit_layer: int = 6  # exit_head: the early exit it translates (decoder layers [0, exit_layer))
+    tokens_per_step: int = 1024  # exit_head: positions per optimizer step
+
+    def __post_init__(self) -> None:
+        check_choice("drafter.kind", self.kind, ("dflash", "domino", "exit_head"))
+        check_range("drafter.exit_layer", self.exit_layer, 1)
+        check_range("drafter.tokens_per_step", self.tokens_per_step, 1)
+        check_range("drafter.block_size", self.block_size, 2)
+        check_range("drafter.lambda_start", self.lambda_start, 0.0, 1.0)
+        check_range("drafter.lambda_end", self.lambda_end, 0.0, 1.0)
+
+
+@dataclass
+class TrainConfig:
+    model: ModelConfig = MISSING
+    drafter: DrafterTrainConfig = MISSING
+    data: DataConfig = field(default_factory=DataConfig)
+    tracker: TrackerConfig = field(default_factory=TrackerConfig)
+    threads: Optional[int] = None
+
+
+def register_train_configs() -> None:
+    cs = ConfigStore.instance()
+    cs.store(name="base_train", node=TrainConfig)
+    cs.store(group="model", name="base_model", node=ModelConfig)
+    cs.store(group="drafter", name="drafter_train_schema", node=DrafterTrainConfig)

@@ -1,0 +1,262 @@
+"""Every method on a randomly initialised model: the smoke-test zoo behind
+`benchmarks/gpu_smoke.py`, `benchmarks/bench_host_overhead.py` and the engine-wide tests.
+
+- `random_target(shape, dtype, device, arch)`: a target with random weights (Qwen3 unless `arch`
+  names another of ARCHITECTURES)
+  (`tiny`: 6 layers, hidden 64, vocab 512, a forward of a few milliseconds on a CPU core;
+  `qwen3-1.7b`: Qwen3-1.7B's shape, vocab 151936, for a GPU);
+- `save_random_drafters(target, folder)`: a DFlash and a Domino drafter with random weights,
+  written in the published layout (the z-lab / Huang2020 config fields: `block_size`,
+  `dflash_config.{mask_token_id, target_layer_ids}`, `projector_type: domino`, `gru_hidden_dim`,
+  `emb_dim`, `pure_draft_prefix_len: 1`, `shift_label: true`, and their tensor names), so they
+  load through the same code as a hub checkpoint;
+- `build_method(name, target, folder)`: a method at its config defaults, with those drafters, an
+  early-exit drafter at half depth for the drafter-verifier methods and a routing mask that
+  skips every third layer for the slim ones.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from decoding.engine.target import TargetModel
+
+SHAPES = {
+    # name: (config fields every architecture takes, drafter fields)
+    "tiny": (dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=16),
+             dict(num_hidden_layers=1, intermediate_size=128, gru_hidden_dim=32, emb_dim=16, taps=3)),
+    "qwen3-1.7b": (dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=28,
+                        num_attention_heads=16, num_key_value_heads=8, head_dim=128),
+                   dict(num_hidden_layers=2, intermediate_size=6144, gru_hidden_dim=1024, emb_dim=256, taps=5)),
+}
+
+# Architectures the engine is tested on (tests/decoding/test_architectures.py), as extra config
+# fields over a shape: hybrid ones get a sliding window of 8 so a short test crosses it.
+ARCHITECTURES = {
+    "llama": ("LlamaConfig", dict()),
+    "qwen3": ("Qwen3Config", dict()),
+    # Qwen2 with its sliding window switched on for the layers from max_window_layers up: a hybrid stack
+    "qwen2": ("Qwen2Config", dict(use_sliding_window=True, sliding_window=8, max_window_layers=3)),
+    # Gemma 3: local/global rotary bases, scaled embeddings; 2 sliding layers per full one here (5 in the models)
+    "gemma3": ("Gemma3TextConfig", dict(sliding_window=8, query_pre_attn_scalar=16,
+                                        layer_types=["sliding_attention"] * 2 + ["full_attention"]
+                                        + ["sliding_attention"] * 2 + ["full_attention"])),
+    # Mistral: every layer sliding (one layer type, so one mask tensor rather than a dict per type)
+    "mistral": ("MistralConfig", dict(sliding_window=8)),
+    # Gemma 2: alternating sliding/full layers, attention and final-logit soft-capping (eager attention)
+    "gemma2": ("Gemma2Config", dict(sliding_window=8, query_pre_attn_scalar=16, final_logit_softcapping=30.0,
+                                    attn_logit_softcapping=50.0, attn_implementation="eager")),
+}
+
+METHODS = ("ar", "pld", "lookahead", "self_draft", "ptd", "ptd_forest", "sd", "sd_slim", "spec_cascade", "via_sd",
+           "dflash", "ddtree", "caddtree", "domino", "dominotree", "dominotree_reference")
+LOSSLESS = tuple(m for m in METHODS if m not in ("spec_cascade", "via_sd"))
+
+
+def mixed_prompts(count: int, high: int) -> list[list[int]]:
+    """Even-numbered prompts repeat a phrase (drafts get accepted), odd ones are random tokens in
+    [3, high) (drafts get rejected); seeded, so every run sees the same prompts."""
+    gen = torch.Generator().manual_seed(0)
+    return [[7, 30, 31, 32, 33, 34] * 4 if i % 2 == 0 else torch.randint(3, high, (24,), generator=gen).tolist()
+            for i in range(count)]
+
+
+def random_config(shape: str = "tiny", arch: str = "qwen3", init_range: float = 0.2):
+    """The config of a random `arch` model (one of ARCHITECTURES) of `shape` (one of SHAPES)."""
+    import transformers
+
+    fields, _ = SHAPES[shape]
+    class_name, extra = ARCHITECTURES[arch]
+    fields = {**fields, **extra}
+    attn = fields.pop("attn_implementation", None)
+    config = getattr(transformers, class_name)(**fields, max_position_embeddings=4096, initializer_range=init_range,
+                                                eos_token_id=2, bos_token_id=1, pad_token_id=0,
+                                                tie_word_embeddings=False)
+    if attn is not None:
+        config._attn_implementation = attn
+    return config
+
+
+def random_target(shape: str = "tiny", dtype=torch.float32, device="cpu", seed: int = 0,
+                  init_range: float = 0.2, arch: str = "qwen3") -> TargetModel:
+    """Random weights; `init_range` 0.2 (not the usual 0.02) gives peaked next-token distributions,
+    so greedy outputs are not decided by near-ties everywhere."""
+    from transformers import AutoModelForCausalLM
+
+    config = random_config(shape, arch, init_range)
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    return TargetModel(model.eval())
+
+
+def save_random_drafters(target: TargetModel, folder: Path, shape: str = "tiny", seed: int = 0) -> dict[str, str]:
+    """{"dflash": dir, "domino": dir} with random drafters for `target`, saved in its dtype."""
+    from decoding.drafting.dflash_drafter import DFlashDrafter, DrafterSpec, default_target_layer_ids, save_drafter
+
+    _, d = SHAPES[shape]
+    cfg = target.config
+    dirs = {}
+    for kind in ("dflash", "domino"):
+        domino = kind == "domino"
+        spec = DrafterSpec(hidden_size=cfg.hidden_size, num_hidden_layers=d["num_hidden_layers"],
+                           num_attention_heads=cfg.num_attention_heads, num_key_value_heads=cfg.num_key_value_heads,
+                           head_dim=cfg.head_dim, intermediate_size=d["intermediate_size"], vocab_size=cfg.vocab_size,
+                           target_layer_ids=default_target_layer_ids(cfg.num_hidden_layers, d["taps"]),
+                           mask_token_id=cfg.vocab_size - 1, block_size=16, num_target_layers=cfg.num_hidden_layers,
+                           rope_theta=float(getattr(cfg, "rope_theta", None) or 1_000_000.0),
+                           projector_type="domino" if domino else None,
+                           gru_hidden_dim=d["gru_hidden_dim"] if domino else None,
+                           emb_dim=d["emb_dim"] if domino else None, pure_draft_prefix_len=1 if domino else 0,
+                           shift_label=domino)
+        torch.manual_seed(seed + domino)
+        with torch.device(target.device):
+            model = DFlashDrafter(spec)
+        with torch.no_grad():
+            for p in model.parameters():
+                torch.nn.init.normal_(p, std=0.3 / p.shape[-1] ** 0.5 * 8) if p.dim() == 2 else p.uniform_(0.5, 1.5)
+        path = Path(folder) / kind
+        save_drafter(model, path, dtype=target.dtype)
+        dirs[kind] = str(path)
+    return dirs
+
+
+def build_method(name: str, target: TargetModel, folder: Path, shape: str = "tiny", **overrides):
+    """`name` (one of METHODS) at its defaults on `target`; drafters and a mask go to `folder`."""
+    from hydra.utils import get_class
+
+    from decoding import method_configs
+    from decoding.drafting.drafter import DrafterConfig
+    from decoding.drafting.routing import save_mask
+
+    folder = Path(folder)
+    layers = target.num_layers
+    mask = folder / "random-dimr.json"
+    if not mask.exists():
+        save_mask(mask, list(range(1, layers - 1, 3)), num_layers=layers, model="random")
+    drafters = folder / "drafters"
+    if not (drafters / "domino" / "config.json").exists():
+        save_random_drafters(target, drafters, shape)
+    configs = method_configs()
+    base = {"ptd_forest": "ptd", "sd_slim": "sd", "dominotree_reference": "dominotree"}.get(name, name)
+    fields = dict(overrides)
+    if name == "ptd_forest":  # the ablation's option, as conf/method/ptd_forest.yaml has it
+        from omegaconf import OmegaConf
+
+        import conf
+
+        option = OmegaConf.to_container(OmegaConf.load(Path(conf.__file__).parent / "method" / "ptd_forest.yaml"))
+        fields.update({k: v for k, v in option.items() if k != "defaults"})
+    if name == "dominotree_reference":
+        fields.update(builder="reference")
+    if base in ("dflash", "ddtree", "caddtree"):
+        fields.setdefault("drafter", str(drafters / "dflash"))
+    if base in ("domino", "dominotree"):
+        fields.setdefault("drafter", str(drafters / "domino"))
+    if base == "via_sd":
+        fields.setdefault("mask", str(mask))
+    cfg = configs[base](**fields)
+    cls = get_class(cfg._target_)
+    if getattr(cls, "uses_drafter", False):
+        drafter = DrafterConfig(kind="slim", mask=str(mask)) if name == "sd_slim" else \
+            DrafterConfig(exit_layer=max(1, layers // 2))
+        method = cls(cfg, drafter=drafter)
+    else:
+        method = cls(cfg)
+    method.setup(target)
+    return method
+
+
+class ForwardTimer:
+    """Times every neural-network forward (target and drafter wrappers, the block drafter's pass)
+    while active, synchronising the device around each, so `wall - forward_s` is the host's own
+    work: the engine's and the method's Python plus their small tensor operations."""
+
+    def __init__(self, device, clock=None):
+        import time
+
+        self.device = torch.device(device)
+        # on a CPU, the process's CPU time: robust to other tenants of a shared machine (one thread);
+        # on a GPU, wall time (the host waits for the device inside the synchronised forwards)
+        self.clock = clock or (time.process_time if self.device.type == "cpu" else time.perf_counter)
+        self.forward_s = 0.0
+        self.depth = 0
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def wrap(self, fn):
+        import functools
+
+        @functools.wraps(fn)
+        def timed(*args, **kwargs):
+            if self.depth:  # a forward inside a forward (none today) is counted once
+                return fn(*args, **kwargs)
+            self._sync()
+            self.depth += 1
+            t0 = self.clock()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self._sync()
+                self.forward_s += self.clock() - t0
+                self.depth -= 1
+
+        return timed
+
+    def __enter__(self) -> "ForwardTimer":
+        from decoding.drafting.dflash_drafter import DFlashDrafter
+
+        self._saved = (TargetModel._run, DFlashDrafter.forward)
+        TargetModel._run = self.wrap(TargetModel._run)
+        DFlashDrafter.forward = self.wrap(DFlashDrafter.forward)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        from decoding.drafting.dflash_drafter import DFlashDrafter
+
+        TargetModel._run, DFlashDrafter.forward = self._saved
+
+
+def host_overhead(method, target: TargetModel, prompts: list[list[int]], max_new_tokens: int,
+                  temperature: float = 0.0, seed: int = 0) -> dict:
+    """Per decoding step: total time, time in network forwards and host time (total - forwards), in
+    ms, over `prompts` (the first step and the prefill are excluded). Clock: ForwardTimer's."""
+    from decoding.engine.loop import generate
+
+    generate(method, target, prompts[0], max_new_tokens=min(8, max_new_tokens), temperature=temperature)  # warm-up
+    wall = fwd = 0.0
+    steps = tokens = all_steps = 0
+    outputs, tau_steps, tau_accepted = [], 0, 0
+    for i, prompt in enumerate(prompts):
+        timer = ForwardTimer(target.device)
+        marks = {}
+
+        def started(state, marks=marks, timer=timer):
+            marks.setdefault("t0", timer.clock())
+            marks.setdefault("f0", timer.forward_s)
+
+        with timer:
+            state = generate(method, target, prompt, max_new_tokens=max_new_tokens, temperature=temperature,
+                             seed=seed + i, on_step=started)
+            end = timer.clock()
+        outputs.append(state.new_tokens)
+        tau_steps += state.stats.num_steps
+        tau_accepted += state.stats.num_accepted_tokens
+        # the first step's callback marks the start: step 1 is excluded, steps 2.. are measured
+        measured = state.stats.num_steps - 1
+        if measured <= 0:
+            continue
+        wall += end - marks["t0"]
+        fwd += timer.forward_s - marks["f0"]
+        steps += measured
+        all_steps += state.stats.num_steps
+        tokens += state.stats.new_tokens
+    steps = max(steps, 1)
+    return {"steps": steps, "wall_ms": 1000 * wall / steps, "forward_ms": 1000 * fwd / steps,
+            "host_ms": 1000 * (wall - fwd) / steps, "tokens_per_step": tokens / max(1, all_steps),
+            "tau": (tau_accepted + tau_steps) / max(1, tau_steps), "outputs": outputs}
