@@ -1,1 +1,0 @@
-"""Drafter training (`python -m pipeline.train`)."""
