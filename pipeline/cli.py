@@ -79,10 +79,17 @@ def first_config_problem(overrides: list[str], config_module: str = "conf", conf
                 combos = combos[:MAX_CHECKED_COMBINATIONS]
             except Exception as err:  # unparsable override, or a bad one in the first combination
                 return describe(err, overrides)
+            checked_methods = set()
             for combo in combos:
                 try:
                     cfg = compose(config_name=config_name, overrides=combo)
-                    OmegaConf.to_object(cfg)
+                    run_config = OmegaConf.to_object(cfg)
+                    methods = getattr(run_config, "methods", None)
+                    if methods and run_config.method is None and tuple(methods) not in checked_methods:
+                        from pipeline.runner import compose_methods  # every entry, before any job starts
+
+                        checked_methods.add(tuple(methods))
+                        compose_methods(list(methods), cfg)
                 except Exception as err:
                     return describe(err, combo)
     finally:

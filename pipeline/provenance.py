@@ -20,6 +20,10 @@ def git_state(folder: Path | None = None) -> dict:
     e.g. after `pip install .`)."""
     folder = folder or Path(__file__).resolve().parent.parent
     try:
+        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=folder, capture_output=True, text=True,
+                             timeout=10, check=True).stdout.strip()
+        if Path(top).resolve() != folder.resolve():  # e.g. a wheel in a venv inside some other checkout
+            return {"commit": None, "dirty": None}
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=folder, capture_output=True, text=True,
                                 timeout=10, check=True).stdout.strip()
         status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=folder,

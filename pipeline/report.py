@@ -169,8 +169,8 @@ def failed_jobs(sweep_dir: Path) -> tuple[list[str], set[str]]:
 def unfinished_runs(root: Path, skip: set[str]) -> list[str]:
     notes = []
     for config in sorted(root.rglob("run_config.yaml")):
-        if (config.parent / "comparison.json").exists():  # a methods=[...] job: its runs are the subdirs
-            continue
+        if (config.parent / "comparison.json").exists() or any(config.parent.glob("*/run_config.yaml")):
+            continue  # a methods=[...] job: its runs are the subdirs
         if not (config.parent / "summary.json").exists() and str(config.parent) not in skip:
             results = config.parent / "results.jsonl"
             done = len(results.read_text().splitlines()) if results.exists() else 0
@@ -181,8 +181,8 @@ def unfinished_runs(root: Path, skip: set[str]) -> list[str]:
 def to_markdown(collected: Collected) -> str:
     text = table.LEGEND + "\n\n"
     text += table.markdown(collected.rows, MARKDOWN_COLUMNS)
-    categories = [{**c, "method": f"{r['model']}/{r['task']}/T={r['temperature']:g} {label_of(r)}"}
-                  for r in collected.rows for c in table.category_rows([r["_summary"]])]
+    categories = [c for r in collected.rows for c in table.category_rows(
+        [(f"{r['model']}/{r['task']}/T={r['temperature']:g} {label_of(r)}", r["_summary"])])]
     if categories:
         text += "\nBy category (Spec-Bench's layout):\n\n" + table.markdown(categories, table.CATEGORY_COLUMNS)
     if collected.notes:
@@ -253,7 +253,11 @@ class SweepReport(Callback):
         sweep_dir = Path(config.hydra.sweep.dir)
         if not sweep_dir.is_dir():
             return
-        code = main([str(sweep_dir)])
+        try:
+            code = main([str(sweep_dir)])
+        except Exception as err:  # noqa: BLE001 - the sweep's jobs are done; the report can be rerun
+            print(f"the sweep's report failed ({type(err).__name__}: {err})", file=sys.stderr)
+            code = 1
         if code:
             print(f"the sweep's report failed (exit {code}); rerun: python -m pipeline.report {sweep_dir}", file=sys.stderr)
 

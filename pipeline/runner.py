@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 from hydra.utils import get_class
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from decoding.engine.loop import Method
 from decoding.engine.target import TargetModel
@@ -57,7 +57,9 @@ def reference_fingerprint(cfg: RunConfig, settings: GenerationSettings) -> tuple
     """What makes an AR reference reusable: same model, task, decoding settings and machine."""
     payload = {
         "model": OmegaConf.to_container(OmegaConf.structured(cfg.model)),
-        "task": OmegaConf.to_container(OmegaConf.structured(cfg.task)),
+        # fields added later are left out at their defaults, so older cached references stay valid
+        "task": {k: v for k, v in OmegaConf.to_container(OmegaConf.structured(cfg.task)).items()
+                 if not (k == "categories" and not v)},
         "max_new_tokens": settings.max_new_tokens, "temperature": settings.temperature, "seed": settings.seed,
         **({"repeats": cfg.repeats} if cfg.repeats > 1 else {}),  # (absent for 1: older references stay valid)
         "machine": machine_id(),
@@ -103,7 +105,7 @@ def run(cfg: DictConfig, run_dir: Path, show_progress: bool = True) -> dict:
     run_dir.mkdir(parents=True, exist_ok=True)
     _check_resume(cfg, run_dir)
     comparing = rc.method is None
-    method_cfgs, labels = compose_methods(rc.methods) if comparing else ([rc.method], [])
+    method_cfgs, labels = compose_methods(rc.methods, cfg) if comparing else ([rc.method], [])
 
     sandbox = None
     if rc.task.name in CODE_TASKS:  # generated code will run: check its isolation before generating
@@ -138,17 +140,17 @@ def run(cfg: DictConfig, run_dir: Path, show_progress: bool = True) -> dict:
             tracker.log_summary(summaries[0][0])
         rows = [summary_row(s, d) for s, d in summaries]
         tracker.log_table("comparison", rows)
-        categories = table.category_rows([s for s, _ in summaries])
+        categories = table.category_rows([(d.name if comparing else s["method"], s) for s, d in summaries])
         if categories:
             tracker.log_table("categories", categories)
     finally:
         tracker.finish()
     finish_table(rows, categories, rc, run_dir)
-    for summary, _ in summaries:
+    for summary, summary_dir in summaries:
         if summary.get("divergent_ids"):
             log.warning("%s: %d prompt(s) diverge from AR beyond a numeric near-tie (not explained by %s rounding): "
-                        "%s", summary["method"], len(summary["divergent_ids"]), summary["dtype"],
-                        ", ".join(summary["divergent_ids"]))
+                        "%s", summary_dir.name if comparing else summary["method"], len(summary["divergent_ids"]),
+                        summary["dtype"], ", ".join(summary["divergent_ids"]))
     if comparing:
         comparison = {"methods": [s for s, _ in summaries], "run_dir": str(run_dir)}
         (run_dir / "comparison.json").write_text(json.dumps(comparison, indent=2))
@@ -218,10 +220,11 @@ def finish_summary(rc: RunConfig, method: Method, target, examples, rows: list[d
     return summary
 
 
-def compose_methods(entries: list[str]) -> tuple[list, list[str]]:
+def compose_methods(entries: list[str], job: DictConfig) -> tuple[list, list[str]]:
     """The method configs for `methods` entries, AR first (added if missing), and a label for each (its
     folder in the run dir). An entry is an option name (conf/method/<name>.yaml), optionally with
-    settings: "spec_cascade alpha=0.05" (label spec_cascade_alpha=0.05)."""
+    settings: "spec_cascade alpha=0.05" (label spec_cascade_alpha=0.05). Each option is placed into the
+    job's own config before it is resolved, so `${model...}` in it (drafters, masks) is the job's model."""
     from hydra import compose, initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
 
@@ -229,7 +232,7 @@ def compose_methods(entries: list[str]) -> tuple[list, list[str]]:
     from pipeline.errors import ConfigError
 
     parsed = [(e.split()[0], e.split()[1:]) for e in entries if e.split()]
-    ordered = [("ar", []), *dict.fromkeys((n, tuple(s)) for n, s in parsed if (n, s) != ("ar", []))]
+    ordered = [("ar", ()), *dict.fromkeys((n, tuple(s)) for n, s in parsed if (n, tuple(s)) != ("ar", ()))]
 
     def load():
         known = group_options("method")
@@ -239,13 +242,17 @@ def compose_methods(entries: list[str]) -> tuple[list, list[str]]:
                 raise ConfigError(f"methods: '{name}' is not a method option; choose from: {', '.join(known)}")
             overrides = [f"method={name}", *(f"method.{s}" for s in settings)]
             try:
-                configs.append(OmegaConf.to_object(compose("config", overrides=overrides)).method)
+                option = compose("config", overrides=overrides).method
+                placed = job.copy()
+                with open_dict(placed):
+                    placed.method = option
+                configs.append(OmegaConf.to_object(placed).method)
             except Exception as err:  # a bad setting: the same one line as on the command line
                 raise ConfigError(f"methods: '{' '.join([name, *settings])}': {describe(err, overrides)}") from None
         return configs
 
     labels = ["_".join([name, *settings]).replace("/", "-") for name, settings in ordered]
-    if GlobalHydra.instance().is_initialized():  # inside the Hydra app
+    if GlobalHydra.instance().is_initialized():  # inside the Hydra app (or the override precheck)
         return load(), labels
     with initialize_config_module(config_module="conf", version_base="1.3"):
         return load(), labels
@@ -275,7 +282,8 @@ def _check_resume(cfg: DictConfig, run_dir: Path) -> None:
     """Resuming into a run dir is only safe with the same config: refuse a different one."""
     saved = run_dir / "run_config.yaml"
     current = OmegaConf.to_yaml(cfg, resolve=True)
-    if saved.exists() and (run_dir / "results.jsonl").exists() and saved.read_text() != current:
+    has_results = (run_dir / "results.jsonl").exists() or any(run_dir.glob("*/results.jsonl"))  # (a comparison)
+    if saved.exists() and has_results and saved.read_text() != current:
         from pipeline.errors import ConfigError
 
         raise ConfigError(f"{run_dir} holds results of a different config; choose another hydra.run.dir")

@@ -97,7 +97,7 @@ CATEGORY_COLUMNS = (("method", "method"), ("category", "category"), ("num_prompt
                     ("tokens_per_s", "tok/s"), ("speedup", "speedup"), ("tau", "τ"))
 
 
-def category_rows(summaries: list[dict]) -> list[dict]:
-    """One row per method x category from the summaries' `by_category` (Spec-Bench's layout)."""
-    return [{"method": s["method"], "category": category, **entry}
-            for s in summaries for category, entry in (s.get("by_category") or {}).items()]
+def category_rows(labelled: list[tuple[str, dict]]) -> list[dict]:
+    """One row per method x category from (label, summary) pairs' `by_category` (Spec-Bench's layout)."""
+    return [{"method": label, "category": category, **entry}
+            for label, s in labelled for category, entry in (s.get("by_category") or {}).items()]

@@ -65,7 +65,7 @@ class WandbTracker:
         # one W&B run per run dir: a requeued (or rerun) job resumes the run it started instead of opening
         # a second one (the id is kept beside its results)
         id_file = run_dir / "wandb_run_id"
-        run_id = id_file.read_text().strip() if id_file.exists() else secrets.token_hex(4)  # W&B ids: [a-z0-9]
+        run_id = id_file.read_text().strip() if id_file.exists() else secrets.token_hex(8)  # W&B ids: [a-z0-9]
         run_dir.mkdir(parents=True, exist_ok=True)
         id_file.write_text(run_id)
         self.run = wandb.init(

@@ -35,7 +35,8 @@ def main(cfg: DictConfig) -> float | None:
             tracker.finish()
     if summary["exported"]:  # the run dir keeps a copy of what this search exported
         exported = Path(summary["exported"])
-        shutil.copy2(exported, run_dir / exported.name)
+        if exported.resolve() != (run_dir / exported.name).resolve():
+            shutil.copy2(exported, run_dir / exported.name)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     best = summary["best"][0] if summary["best"] else None
     print(f"study {summary['study_name']}: {summary['finished_trials']} finished trials; "

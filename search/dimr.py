@@ -31,7 +31,7 @@ Cost (`objective`):
 
 Known masks (`known_masks`: every other inner layer, the deepest k inner layers, or explicit
 layer lists) are enqueued as the study's first trials. The study, samplers, storage, resume and
-workers are search/study.py's. `export` writes masks/<export_name>.json (decoding/drafting/routing.py's
+workers are search/study.py's. `export` writes <user folder>/masks/<export_name>.json (decoding/drafting/routing.py's
 format), which `method=via_sd` and `drafter=slim` load by name, with the search's wall time, the
 best-so-far cost curve and the known masks' costs, read from the study's trials.
 """
@@ -74,7 +74,7 @@ class DIMRObjectiveConfig:
     eval_subset_seed: int = 0  # eval_subset_seed shuffle (GSM-100 of conf/task/gsm8k.yaml)
     known_masks: list[Any] = field(default_factory=lambda: list(KNOWN_MASKS))  # names or layer lists, tried first
     metric: str = "kl"  # label in the default study_name (conf/objective/dimr.yaml derives it from the above)
-    export_name: str = "dimr"  # masks/<export_name>.json; conf/objective/dimr.yaml: <model>-dimr
+    export_name: str = "dimr"  # <export_dir>/<export_name>.json; conf/objective/dimr.yaml: <model>-dimr
     export_dir: Optional[str] = None  # None = the user's folder (pipeline.resources.user_masks), loaded by name
 
     def __post_init__(self) -> None:

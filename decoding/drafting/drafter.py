@@ -31,7 +31,7 @@ class DrafterConfig:
     gamma: int = 5  # draft length γ (Narasimhan et al. use 5; Leviathan et al. sweep 1-10)
     exit_layer: int = 6  # early_exit: run decoder layers [0, exit_layer) (LayerSkip's E)
     head: Optional[str] = None  # early_exit: a trained exit-head folder (python -m pipeline.train drafter=exit_head)
-    mask: Optional[str] = None  # slim: routing-mask name in masks/ (or a path), e.g. the DIMR result
+    mask: Optional[str] = None  # slim: routing-mask name (decoding/drafting/routing.py) or a path, e.g. the DIMR result
     model: Optional[ModelConfig] = None  # model: the separate draft model
 
     def __post_init__(self) -> None:
@@ -39,7 +39,7 @@ class DrafterConfig:
         check_range("drafter.gamma", self.gamma, 1)
         check_range("drafter.exit_layer", self.exit_layer, 1)
         if self.kind == "slim" and not self.mask:
-            raise ConfigError("drafter.kind=slim needs drafter.mask (a routing-mask name from masks/)")
+            raise ConfigError("drafter.kind=slim needs drafter.mask (a routing-mask name or a path)")
         if self.head and self.kind != "early_exit":
             raise ConfigError(f"drafter.head is for drafter.kind=early_exit, not {self.kind}")
         if self.kind == "model" and self.model is None:

@@ -1,6 +1,6 @@
 """Routing masks for layer skipping: which whole decoder layers a slim model q_z skips.
 
-A mask file (`masks/<name>.json`, written by the DIMR search `python -m search objective=dimr`, or
+A mask file (`<name>.json` in the user's masks folder or pipeline/assets/masks, written by the DIMR search `python -m search objective=dimr`, or
 by hand) holds the skipped layer indices and the model they were searched for:
     {"model": "smollm2-135m", "num_layers": 30, "skip": [3, 5, ...], ...search metadata}
 `method=via_sd` (slim verifier) and `drafter=slim` (self-speculative drafter) load it by name.

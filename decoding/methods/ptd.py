@@ -1,6 +1,6 @@
 """Progressive Tree Drafting (PTD; OpenReview iW4lyuOQ0J, no public code): drafting as a tree
 search inside the target, in the same forward as verification. Reconstructed from the paper's
-abstract and the issue (see /work/shared/research/endogenous.md §3); the data structures live in
+abstract and the issue (docs/methods/endogenous.md says where it departs); the data structures live in
 `decoding/drafting/ptd_tree.py`.
 
 One step, one forward:

@@ -42,7 +42,7 @@ from pipeline.models import ModelConfig
 class VIASDConfig:
     _target_: str = "decoding.methods.via_sd.VIASD"
     name: str = "via_sd"
-    mask: str = "smollm2-135m-dimr"  # routing mask z, masks/<name>.json; conf/method/via_sd.yaml: the target's <model>-dimr
+    mask: str = "smollm2-135m-dimr"  # routing mask z by name (decoding/drafting/routing.py); conf/method/via_sd.yaml: the target's <model>-dimr
     middle: str = "slim"  # slim (the paper's routed q_z) | random (ablation: random z, same skip count) | model
     random_seed: int = 0  # middle=random: seed of the random mask
     middle_model: Optional[ModelConfig] = None  # middle=model: an independent smaller model (ablation)

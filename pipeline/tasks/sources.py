@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -101,13 +103,19 @@ def fetch_cached(task: str, url: str, timeout_s: float = 60.0) -> Path:
     if path.is_file():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(path.suffix + ".part")
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as response:
-            partial.write_bytes(response.read())
+            data = response.read()
     except OSError as e:  # URLError, timeouts, DNS: offline in practice
-        partial.unlink(missing_ok=True)
         raise TaskDataError(f"task {task}: could not download {url} ({type(e).__name__}: {str(e)[:120]}); offline? "
                             f"give the file with task.path=<file>.jsonl, or place it at {path}") from None
-    partial.rename(path)
+    try:  # a proxy's HTML page is not a data file: never cache it
+        json.loads(data.decode("utf-8").split("\n", 1)[0])
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise TaskDataError(f"task {task}: {url} did not return JSON lines; give the file with task.path=<file>.jsonl")
+    # a unique temp file renamed into place: concurrent first uses (a Slurm array) never see a partial file
+    fd, partial = tempfile.mkstemp(dir=path.parent, suffix=".part")
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
+    os.replace(partial, path)
     return path

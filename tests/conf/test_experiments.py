@@ -83,9 +83,10 @@ def test_a_benchmark_experiment_compares_its_methods_in_each_job_of_its_grid(ben
     params = grid(bench)
     assert "method" not in params and params["model"] == ["smollm2-135m"] and set(params["task"]) <= OFFLINE_TASKS
     with initialize_config_module(config_module="conf", version_base="1.3"):
-        cfg = OmegaConf.to_object(compose("config", overrides=[f"+experiment={bench}"]))
+        job = compose("config", overrides=[f"+experiment={bench}"])
+        cfg = OmegaConf.to_object(job)
         assert cfg.method is None and cfg.methods[0] == "ar" and cfg.experiment_name == bench
-        configs, labels = compose_methods(cfg.methods)
+        configs, labels = compose_methods(cfg.methods, job)
     assert len(configs) == len(cfg.methods) == len(set(labels)) and labels[0] == "ar"
 
 

@@ -254,7 +254,7 @@ def test_a_rerun_into_its_run_dir_continues_the_same_wandb_run(tiny_model_dirs, 
     run(cfg, run_dir, show_progress=False)
     assert (run_dir / "wandb_run_id").read_text() == run_id
     offline = sorted((run_dir / "wandb").glob("offline-run-*"))
-    assert len(offline) == 2 and all(d.name.endswith(f"-{run_id}") for d in offline)
+    assert len(offline) == 2 and all(f"-{run_id}" in d.name for d in offline)  # (W&B adds -1 within one second)
     other = tmp_path / "other"
     run(cfg, other, show_progress=False)
     assert (other / "wandb_run_id").read_text() != run_id
@@ -326,4 +326,25 @@ def test_methods_entries_may_carry_settings_for_variants_of_one_option(tiny_mode
 
     with pytest.raises(ConfigError, match="methods: 'pld gamma=3': unknown config key 'method.gamma'"):
         run(job_config(tiny_model_dirs["llama"], tmp_path, "methods=['pld gamma=3']"), tmp_path / "bad",
+            show_progress=False)
+
+
+def test_compared_methods_resolve_against_the_jobs_model_not_the_default_one(tiny_model_dirs, tmp_path):
+    from pipeline.runner import compose_methods
+
+    register_configs()
+    with initialize_config_module(config_module="conf", version_base="1.3"):
+        job = compose("config", overrides=["model=qwen3-4b", "methods=[dflash,via_sd]"])
+        configs, labels = compose_methods(list(job.methods), job)
+    assert labels == ["ar", "dflash", "via_sd"]
+    assert configs[1].drafter == "z-lab/Qwen3-4B-DFlash-b16" and configs[2].mask == "qwen3-4b-dimr"
+
+
+def test_a_comparison_run_dir_refuses_a_different_config(tiny_model_dirs, tmp_path):
+    from pipeline.errors import ConfigError
+
+    run(job_config(tiny_model_dirs["llama"], tmp_path, "task.limit=1", "methods=[pld]"), tmp_path / "run",
+        show_progress=False)
+    with pytest.raises(ConfigError, match="holds results of a different config"):
+        run(job_config(tiny_model_dirs["llama"], tmp_path, "task.limit=2", "methods=[pld]"), tmp_path / "run",
             show_progress=False)
