@@ -139,6 +139,8 @@ def run(cfg: DictConfig, run_dir: Path, show_progress: bool = True) -> dict:
         else:
             tracker.log_summary(summaries[0][0])
         rows = [summary_row(s, d) for s, d in summaries]
+        if comparing:  # a row is named by its `methods` entry (ptd_tuned, spec_cascade_alpha=0.05)
+            rows = [{**r, "method": d.name, "settings": ""} for r, (_, d) in zip(rows, summaries)]
         tracker.log_table("comparison", rows)
         categories = table.category_rows([(d.name if comparing else s["method"], s) for s, d in summaries])
         if categories:
