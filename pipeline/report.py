@@ -83,8 +83,10 @@ def summary_row(s: dict, run_dir: Path) -> dict:
     """One table row from a run's summary (pipeline/summary.py) and its run dir."""
     metric = s.get("quality_metric")
     reference = run_dir / "reference.json"
+    in_comparison = (run_dir.parent / "comparison.json").exists()  # named by its `methods` entry (ptd_tuned)
     return {
-        "model": s["model"], "task": s["task"], "temperature": float(s["temperature"]), "method": s["method"],
+        "model": s["model"], "task": s["task"], "temperature": float(s["temperature"]),
+        "method": run_dir.name if in_comparison else s["method"],
         "settings": method_settings(run_dir, s["method"]), "num_prompts": s["num_prompts"],
         "speedup": s.get("speedup"), "speedup_std": s.get("speedup_std"), "repeats": s.get("repeats"),
         "tau": s.get("tau"), "decoding_efficiency": s.get("decoding_efficiency"),
@@ -174,7 +176,9 @@ def unfinished_runs(root: Path, skip: set[str]) -> list[str]:
         if not (config.parent / "summary.json").exists() and str(config.parent) not in skip:
             results = config.parent / "results.jsonl"
             done = len(results.read_text().splitlines()) if results.exists() else 0
-            notes.append(f"{config.parent}: no summary.json (unfinished or failed; {done} prompts in results.jsonl)")
+            failure = config.parent / "failed.json"  # a method that failed inside a comparison
+            why = f"failed: {json.loads(failure.read_text())['error']}" if failure.exists() else "unfinished or failed"
+            notes.append(f"{config.parent}: no summary.json ({why}; {done} prompts in results.jsonl)")
     return notes
 
 

@@ -9,6 +9,7 @@ import hashlib
 import json
 import logging
 import platform
+import traceback
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from decoding.engine.loop import Method
 from decoding.engine.target import TargetModel
 from pipeline import provenance, table
+from pipeline.errors import one_line
 from pipeline.generation import (GenerationSettings, append_result, diagnose_mismatches, generate_example,
                                  read_results, run_examples, warm_up)
 from pipeline.models import load_model, stop_token_ids
@@ -26,8 +28,7 @@ from pipeline.progress import RunProgress
 from pipeline.report import summary_row
 from pipeline.schema import RunConfig
 from pipeline.summary import add_tie_diagnosis, summarize
-from pipeline.tasks import load_examples
-from pipeline.tasks.loaders import dataset_origin, repeat_examples
+from pipeline.tasks.loaders import load_task, repeat_examples
 from pipeline.tasks.sandbox import configure as configure_sandbox
 from pipeline.tasks.scoring import CODE_TASKS
 from pipeline.tracking import make_tracker
@@ -110,7 +111,8 @@ def run(cfg: DictConfig, run_dir: Path, show_progress: bool = True) -> dict:
     sandbox = None
     if rc.task.name in CODE_TASKS:  # generated code will run: check its isolation before generating
         sandbox = configure_sandbox(rc.task.sandbox)
-    examples = repeat_examples(load_examples(rc.task), rc.repeats)
+    examples, data_origin = load_task(rc.task)
+    examples = repeat_examples(examples, rc.repeats)
     model, tokenizer = load_model(rc.model)
     target = TargetModel(model, tokenizer)
     settings = GenerationSettings(
@@ -120,12 +122,13 @@ def run(cfg: DictConfig, run_dir: Path, show_progress: bool = True) -> dict:
     methods = [build_method(m, target, rc.drafter) for m in method_cfgs]
 
     label = "compare" if comparing else methods[0].name
-    origin = provenance.record(rc.model, model, dataset_origin(rc.task), target)
+    origin = provenance.record(rc.model, model, data_origin, target)
     tracker = make_tracker(rc.tracker, {**OmegaConf.to_container(cfg, resolve=True), "provenance": origin}, run_dir,
                            job_type=label, tags=[rc.model.name, rc.task.name, f"T{rc.temperature:g}"])
+    failed = {}
     try:
         if comparing:
-            summaries = compare(rc, cfg, methods, labels, target, examples, settings, run_dir, show_progress,
+            summaries, failed = compare(rc, cfg, methods, labels, target, examples, settings, run_dir, show_progress,
                                 tracker)
         else:
             summaries = [run_one(rc, methods[0], target, examples, settings, run_dir, show_progress, tracker)]
@@ -135,12 +138,15 @@ def run(cfg: DictConfig, run_dir: Path, show_progress: bool = True) -> dict:
                            provenance=origin, run_dir=str(summary_dir))
             (summary_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         if comparing:
-            tracker.log_summary({f"{d.name}/{k}": v for s, d in summaries for k, v in s.items()})
+            tracker.log_summary({**{f"{d.name}/{k}": v for s, d in summaries for k, v in s.items()},
+                                 **{f"{label}/failed": error for label, (error, _) in failed.items()}})
         else:
             tracker.log_summary(summaries[0][0])
         rows = [summary_row(s, d) for s, d in summaries]
         if comparing:  # a row is named by its `methods` entry (ptd_tuned, spec_cascade_alpha=0.05)
             rows = [{**r, "method": d.name, "settings": ""} for r, (_, d) in zip(rows, summaries)]
+            rows += [{"method": f"{label} (failed)", "task": rc.task.name, "num_prompts": n}
+                     for label, (_, n) in failed.items()]
         tracker.log_table("comparison", rows)
         categories = table.category_rows([(d.name if comparing else s["method"], s) for s, d in summaries])
         if categories:
@@ -153,8 +159,11 @@ def run(cfg: DictConfig, run_dir: Path, show_progress: bool = True) -> dict:
             log.warning("%s: %d prompt(s) diverge from AR beyond a numeric near-tie (not explained by %s rounding): "
                         "%s", summary_dir.name if comparing else summary["method"], len(summary["divergent_ids"]),
                         summary["dtype"], ", ".join(summary["divergent_ids"]))
+    for label, (error, n) in failed.items():  # again below the table, where a reader looks
+        log.error("%s failed after %d prompt(s): %s (traceback in %s)", label, n, error, run_dir / label / "failed.json")
     if comparing:
-        comparison = {"methods": [s for s, _ in summaries], "run_dir": str(run_dir)}
+        comparison = {"methods": [s for s, _ in summaries], "run_dir": str(run_dir),
+                      **({"failed": {label: error for label, (error, _) in failed.items()}} if failed else {})}
         (run_dir / "comparison.json").write_text(json.dumps(comparison, indent=2))
         return comparison
     return summaries[0][0]
@@ -176,23 +185,42 @@ def run_one(rc: RunConfig, method: Method, target, examples, settings, run_dir: 
 
 
 def compare(rc: RunConfig, cfg: DictConfig, methods: list[Method], labels: list[str], target, examples, settings,
-            run_dir: Path, show_progress: bool, tracker) -> list[tuple[dict, Path]]:
+            run_dir: Path, show_progress: bool, tracker) -> tuple[list[tuple[dict, Path]], dict]:
     """Every method on every prompt, interleaved per prompt with AR first, so each ratio is measured
     under the same machine load (the machine may be shared); one results.jsonl per method in
-    <run dir>/<method>/, resumable like a single run."""
+    <run dir>/<method>/, resumable like a single run. A method that raises is stopped and recorded
+    (<its dir>/failed.json; returned as {label: (error, prompts finished)}), the others go on."""
     dirs = [run_dir / label for label in labels]
     done = []
     for method, method_dir in zip(methods, dirs):
         method_dir.mkdir(exist_ok=True)
+        (method_dir / "failed.json").unlink(missing_ok=True)  # a resumed comparison tries it again
         config = OmegaConf.to_container(cfg, resolve=True)  # as a single run of this method would have it
         config.update(method=OmegaConf.to_container(OmegaConf.structured(method.config)), methods=[])
         (method_dir / "run_config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(config)))
         done.append(read_results(method_dir / "results.jsonl", repair=True))
+    failed: dict[str, str] = {}  # label -> one line: a failing method stops, the others go on
+
+    def attempt(method: Method, method_dir: Path, action):
+        if method_dir.name in failed:
+            return None
+        try:
+            return action()
+        except Exception as err:  # noqa: BLE001 - recorded, shown in the table, the comparison goes on
+            if method.name == "ar":
+                raise  # AR is every other method's reference
+            failed[method_dir.name] = f"{type(err).__name__}: {one_line(err)}"
+            (method_dir / "failed.json").write_text(json.dumps(
+                {"error": failed[method_dir.name], "traceback": traceback.format_exc()}, indent=2))
+            log.error("%s failed (%s); its finished prompts stay in %s, the other methods go on",
+                      method_dir.name, failed[method_dir.name], method_dir / "results.jsonl")
+            return None
+
     if settings.warmup:
-        for method, rows in zip(methods, done):
+        for method, method_dir, rows in zip(methods, dirs, done):
             todo = [ex for ex in examples if ex.id not in rows]
             if todo:
-                warm_up(method, target, rc.task, todo[0], settings)
+                attempt(method, method_dir, lambda: warm_up(method, target, rc.task, todo[0], settings))
     total = len(examples) * len(methods)
     finished = sum(len([ex for ex in examples if ex.id in rows]) for rows in done)
     with RunProgress(" vs ".join(labels), total, finished, show_progress) as progress:
@@ -200,7 +228,10 @@ def compare(rc: RunConfig, cfg: DictConfig, methods: list[Method], labels: list[
             for method, method_dir, rows in zip(methods, dirs, done):
                 if example.id in rows:
                     continue
-                row = generate_example(method, target, rc.task, example, settings, progress.step_callback())
+                row = attempt(method, method_dir, lambda: generate_example(
+                    method, target, rc.task, example, settings, progress.step_callback()))
+                if row is None:
+                    continue
                 append_result(method_dir / "results.jsonl", row)
                 rows[example.id] = row
                 progress.finish_example(row, method_dir.name)
@@ -209,9 +240,11 @@ def compare(rc: RunConfig, cfg: DictConfig, methods: list[Method], labels: list[
     tracker.log_table("prompts", [{"method": label, **{k: v for k, v in r.items() if k != "output_ids"}}
                                   for label, rows in zip(labels, ordered) for r in rows])
     reference = ordered[0]  # AR's rows (compose_methods puts AR first)
-    return [(finish_summary(rc, method, target, examples, rows, None if method.name == "ar" else reference,
-                            settings), method_dir)
-            for method, method_dir, rows in zip(methods, dirs, ordered)]
+    finished_runs = [(finish_summary(rc, method, target, examples, rows, None if method.name == "ar" else reference,
+                                     settings), method_dir)
+                     for method, method_dir, rows in zip(methods, dirs, ordered) if method_dir.name not in failed]
+    return finished_runs, {label: (failed[label], len(rows)) for label, rows in zip(labels, ordered)
+                           if label in failed}
 
 
 def finish_summary(rc: RunConfig, method: Method, target, examples, rows: list[dict], reference, settings) -> dict:

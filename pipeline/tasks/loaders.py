@@ -206,14 +206,13 @@ def category_indices(source: Rows, cfg: TaskConfig) -> list[int] | None:
     return [i for i, c in enumerate(found) if c in cfg.categories]
 
 
-def dataset_origin(cfg: TaskConfig) -> dict:
-    """Where `load_examples(cfg)` reads its rows from, with a revision (file digest, package version
-    or HF fingerprint): the run's provenance."""
-    return {"task": cfg.name, **_source_rows(cfg).origin, "limit": cfg.limit, "shuffle": cfg.shuffle,
-            "subset_seed": cfg.subset_seed}
-
-
 def load_examples(cfg: TaskConfig) -> list[Example]:
+    return load_task(cfg)[0]
+
+
+def load_task(cfg: TaskConfig) -> tuple[list[Example], dict]:
+    """The task's examples, and where they were read from with a revision (file digest, package
+    version or HF fingerprint): the run's provenance. The source is read once for both."""
     if cfg.name not in TASK_NAMES:
         raise TaskDataError(f"unknown task '{cfg.name}'; expected one of {', '.join(TASK_NAMES)}")
     if "{input}" not in cfg.prompt_template:
@@ -230,7 +229,9 @@ def load_examples(cfg: TaskConfig) -> list[Example]:
         # str.replace, not str.format: templates and inputs may hold literal braces (LaTeX, code)
         turns = [cfg.prompt_template.replace("{input}", t) for t in turns]
         examples.append(Example(ex_id, turns, reference, meta))
-    return examples
+    origin = {"task": cfg.name, **source.origin, "limit": cfg.limit, "shuffle": cfg.shuffle,
+              "subset_seed": cfg.subset_seed}
+    return examples, origin
 
 
 REPEAT_SEP = "#"

@@ -237,6 +237,55 @@ def test_methods_compared_in_one_job_interleaved_per_prompt_ar_first(tiny_model_
     assert [r["method"] for r in collected.rows] == ["ar", "pld", "ptd"] and collected.notes == []
 
 
+def test_a_method_failing_in_a_comparison_is_recorded_and_the_others_go_on(tiny_model_dirs, tmp_path, monkeypatch,
+                                                                          capsys, caplog):
+    import pipeline.runner as runner
+
+    real = runner.generate_example
+
+    def pld_fails_on_the_second_prompt(method, target, task_cfg, example, settings, on_step=None):
+        if method.name == "pld" and example.id == "HumanEval/1":
+            raise RuntimeError("CUDA out of memory\n(details)")
+        return real(method, target, task_cfg, example, settings, on_step)
+
+    monkeypatch.setattr(runner, "generate_example", pld_fails_on_the_second_prompt)
+    cfg = job_config(tiny_model_dirs["llama"], tmp_path, "task.limit=3", "methods=[pld,ptd]")
+    run_dir = tmp_path / "run"
+    comparison = run(cfg, run_dir, show_progress=False)
+    assert [s["method"] for s in comparison["methods"]] == ["ar", "ptd"]
+    assert comparison["failed"] == {"pld": "RuntimeError: CUDA out of memory"}
+    assert comparison["methods"][1]["num_prompts"] == 3  # ptd ran every prompt after pld stopped
+    assert [r["id"] for r in read_rows(run_dir / "pld" / "results.jsonl")] == ["HumanEval/0"]  # kept
+    assert not (run_dir / "pld" / "summary.json").exists()
+    assert "CUDA out of memory" in json.loads((run_dir / "pld" / "failed.json").read_text())["traceback"]
+    assert any(line.startswith("pld (failed)") for line in capsys.readouterr().out.splitlines())
+    assert any(r.levelname == "ERROR" and "pld failed after 1 prompt(s): RuntimeError: CUDA out of memory"
+               in r.getMessage() for r in caplog.records)
+    from pipeline.report import collect
+
+    collected = collect([run_dir])
+    assert [r["method"] for r in collected.rows] == ["ar", "ptd"]
+    assert collected.notes == [f"{run_dir / 'pld'}: no summary.json (failed: RuntimeError: CUDA out of memory; "
+                               "1 prompts in results.jsonl)"]
+
+    monkeypatch.setattr(runner, "generate_example", real)  # a rerun tries the failed method again, from prompt 2
+    again = run(cfg, run_dir, show_progress=False)
+    assert [s["method"] for s in again["methods"]] == ["ar", "pld", "ptd"] and "failed" not in again
+    assert not (run_dir / "pld" / "failed.json").exists()
+
+
+def test_ar_failing_in_a_comparison_fails_the_job(tiny_model_dirs, tmp_path, monkeypatch):
+    import pipeline.runner as runner
+
+    def ar_fails(method, *args, **kwargs):
+        raise RuntimeError("broken")
+
+    monkeypatch.setattr(runner, "generate_example", ar_fails)
+    with pytest.raises(RuntimeError, match="broken"):  # AR is every ratio's reference: nothing to compare against
+        run(job_config(tiny_model_dirs["llama"], tmp_path, "task.limit=1", "methods=[pld]"), tmp_path / "run",
+            show_progress=False)
+
+
 def test_an_unknown_method_in_methods_is_one_line(tiny_model_dirs, tmp_path):
     from pipeline.errors import ConfigError
 
