@@ -3,7 +3,7 @@ and the drafter and draft-tree building blocks (`drafting/`). A method module de
 dataclass (every hyperparameter its paper names, with the paper's default) and a `Method`
 subclass; list it here to register it."""
 
-METHOD_MODULES = ("ar", "pld", "sd", "dflash", "ddtree", "caddtree", "domino", "dominotree", "lookahead", "self_draft", "ptd", "spec_cascade", "via_sd")
+METHOD_MODULES = ("ar", "pld", "sd", "dflash", "ddtree", "caddtree", "domino", "dominotree", "lookahead", "self_draft", "ptd", "spec_cascade", "via_sd", "eagle3")
 
 
 def method_configs() -> dict:

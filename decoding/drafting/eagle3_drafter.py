@@ -1,0 +1,312 @@
+"""The EAGLE-3 draft model (Li et al. 2025, SafeAILab/EAGLE `cnets.py`), native, in the published layout.
+
+One decoder layer of the target's family fed with [token embedding; hidden]:
+
+    g = fc(cat(f_low, f_mid, f_high))       # three target layers' features (3*H_t -> H), first step only
+    x = cat(input_layernorm(embed(tok)), hidden_norm(g))   # 2H wide, the embedding first
+    h = g + o_proj(attn(x))                 # q/k/v_proj read 2H; the residual is the un-normed g
+    h = h + mlp(post_attention_layernorm(h))
+    logits = lm_head(norm(h))               # over the draft vocabulary; draft id i is target id i + d2t[i]
+
+and `h` (pre-norm) is fed back as the next step's `g`. Position t holds the feature of token x_t and
+the embedding of x_{t+1} and predicts x_{t+2}. Rows computed from target features form the per-prompt
+cache (`Eagle3Cache`); rows drafted from the model's own `h` (tree expansion) are scratch.
+
+Checkpoint (`config.json` + `model.safetensors` or `pytorch_model.bin`), as yuhuili/EAGLE3-* and the
+SpecForge / SGLang / vLLM Qwen3 EAGLE-3 checkpoints publish it: `midlayer.self_attn.{q,k,v,o}_proj`,
+`midlayer.mlp.{gate,up,down}_proj`, `midlayer.{input_layernorm,hidden_norm,post_attention_layernorm}`, `fc`,
+`norm`, `lm_head`, `d2t` (int64 offsets), `t2d` (bool mask over the target vocabulary), optionally
+`embed_tokens` (else the target's is used). vLLM's renaming (`layers.0.` for `midlayer.`,
+`draft_id_to_target_id` for `d2t`) is read as well. Config fields: the Llama ones plus `draft_vocab_size`,
+`target_hidden_size`, and `eagle_config.eagle_aux_hidden_state_layer_ids`.
+
+Layer ids: ours name a decoder layer's *output* (TargetModel hidden taps), SpecForge's convention. EAGLE
+and vLLM take the *input* of decoder layers 2, L//2 and L-3 (HF `hidden_states[2]`, `[L//2]`, `[L-3]`),
+which are the outputs of layers 1, L//2-1 and L-4: the default here. A checkpoint's
+`eagle_aux_hidden_state_layer_ids` comes in either convention; as SGLang does, the first id decides (1:
+outputs, SpecForge; 2 or more: inputs, vLLM / EAGLE, so 1 is subtracted).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from decoding.drafting.dflash_drafter import RMSNorm, resolve_location, rotate
+from pipeline.errors import ConfigError
+
+
+def default_aux_layer_ids(num_target_layers: int) -> list[int]:
+    """Outputs of layers 1, L//2 - 1, L - 4 (= inputs of layers 2, L//2, L - 3, EAGLE's choice)."""
+    return [1, num_target_layers // 2 - 1, num_target_layers - 4]
+
+
+@dataclass
+class Eagle3Spec:
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    vocab_size: int  # the target's
+    draft_vocab_size: int
+    target_hidden_size: int
+    head_dim: int
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_linear_factor: float = 1.0  # rope_scaling {"type": "linear", "factor": f}
+    max_position_embeddings: int = 2048
+    aux_layer_ids: list[int] = field(default_factory=list)  # output-of-layer ids; [] = default_aux_layer_ids
+    norm_before_residual: bool = False  # vLLM / speculators variant: the residual is hidden_norm(g), not g
+
+    @classmethod
+    def from_config(cls, cfg: dict, where: str = "config.json") -> "Eagle3Spec":
+        try:
+            hidden, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
+            rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+            kind = rope.get("rope_type", rope.get("type", "default"))
+            if kind not in ("default", "linear"):
+                raise ConfigError(f"{where}: rope type {kind!r} is not supported (default or linear)")
+            eagle = cfg.get("eagle_config") or {}
+            layer_ids = eagle.get("eagle_aux_hidden_state_layer_ids", cfg.get("eagle_aux_hidden_state_layer_ids"))
+            if layer_ids and int(layer_ids[0]) >= 2:  # vLLM / EAGLE ids name a layer's input: ours - 1
+                layer_ids = [int(i) - 1 for i in layer_ids]  # (SGLang's rule: decided on the first id)
+            return cls(
+                hidden_size=hidden, intermediate_size=int(cfg["intermediate_size"]), num_attention_heads=heads,
+                num_key_value_heads=int(cfg.get("num_key_value_heads", heads)), vocab_size=int(cfg["vocab_size"]),
+                draft_vocab_size=int(cfg.get("draft_vocab_size") or cfg["vocab_size"]),
+                target_hidden_size=int(cfg.get("target_hidden_size") or hidden),
+                head_dim=int(cfg.get("head_dim") or hidden // heads), rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
+                rope_theta=float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0))),
+                rope_linear_factor=float(rope.get("factor", 1.0)) if kind == "linear" else 1.0,
+                max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
+                aux_layer_ids=[int(i) for i in layer_ids] if layer_ids else [],
+                norm_before_residual=bool(cfg.get("norm_before_residual", False)))
+        except (KeyError, TypeError, ValueError) as err:
+            if isinstance(err, ConfigError):
+                raise
+            raise ConfigError(f"{where}: not an EAGLE-3 draft config ({type(err).__name__}: {err})") from None
+
+    def layer_ids(self, num_target_layers: int) -> list[int]:
+        return list(self.aux_layer_ids) or default_aux_layer_ids(num_target_layers)
+
+    def to_config(self) -> dict:
+        """config.json in the published (SpecForge / SGLang) form."""
+        out = {
+            "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "num_hidden_layers": 1,
+            "hidden_size": self.hidden_size, "intermediate_size": self.intermediate_size,
+            "num_attention_heads": self.num_attention_heads, "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim, "vocab_size": self.vocab_size, "draft_vocab_size": self.draft_vocab_size,
+            "target_hidden_size": self.target_hidden_size, "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta, "max_position_embeddings": self.max_position_embeddings,
+            "hidden_act": "silu", "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        }
+        if self.rope_linear_factor != 1.0:
+            out["rope_scaling"] = {"type": "linear", "factor": self.rope_linear_factor}
+        if self.norm_before_residual:
+            out["norm_before_residual"] = True
+        if self.aux_layer_ids:
+            out["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": self.aux_layer_ids, "use_aux_hidden_state": True}
+        return out
+
+    def describe(self) -> dict:
+        return asdict(self)
+
+
+class Attention(nn.Module):
+    def __init__(self, spec: Eagle3Spec):
+        super().__init__()
+        width, d = 2 * spec.hidden_size, spec.head_dim
+        self.heads, self.kv_heads, self.head_dim = spec.num_attention_heads, spec.num_key_value_heads, d
+        self.q_proj = nn.Linear(width, self.heads * d, bias=False)
+        self.k_proj = nn.Linear(width, self.kv_heads * d, bias=False)
+        self.v_proj = nn.Linear(width, self.kv_heads * d, bias=False)
+        self.o_proj = nn.Linear(self.heads * d, spec.hidden_size, bias=False)
+
+    def forward(self, x, cos, sin, past_k, past_v, mask):
+        """x [n, 2H]; past K/V [kv_heads, m, d]; mask [n, m + n] bool or None (all visible).
+        Returns the attention output [n, H] and this block's K/V."""
+        n = len(x)
+        q = rotate(self.q_proj(x).view(n, self.heads, self.head_dim).transpose(0, 1), cos, sin)
+        k = rotate(self.k_proj(x).view(n, self.kv_heads, self.head_dim).transpose(0, 1), cos, sin)
+        v = self.v_proj(x).view(n, self.kv_heads, self.head_dim).transpose(0, 1)
+        keys = torch.cat([past_k, k], dim=1).repeat_interleave(self.heads // self.kv_heads, dim=0)
+        values = torch.cat([past_v, v], dim=1).repeat_interleave(self.heads // self.kv_heads, dim=0)
+        attn_mask = None if mask is None else mask[None, None]
+        out = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=attn_mask)
+        return self.o_proj(out[0].transpose(0, 1).reshape(n, -1)), k, v
+
+
+class MLP(nn.Module):
+    def __init__(self, spec: Eagle3Spec):
+        super().__init__()
+        self.gate_proj = nn.Linear(spec.hidden_size, spec.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(spec.hidden_size, spec.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(spec.intermediate_size, spec.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class MidLayer(nn.Module):
+    def __init__(self, spec: Eagle3Spec):
+        super().__init__()
+        self.self_attn = Attention(spec)
+        self.mlp = MLP(spec)
+        self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.hidden_norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+
+
+@dataclass
+class Eagle3Cache:
+    """Per-prompt K/V ([kv_heads, m, d]) of the rows computed from target features."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+
+    @property
+    def length(self) -> int:
+        return self.keys.shape[1]
+
+
+class Eagle3Drafter(nn.Module):
+    def __init__(self, spec: Eagle3Spec, with_embeddings: bool = False):
+        super().__init__()
+        self.spec = spec
+        self.fc = nn.Linear(3 * spec.target_hidden_size, spec.hidden_size, bias=False)
+        self.midlayer = MidLayer(spec)
+        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.lm_head = nn.Linear(spec.hidden_size, spec.draft_vocab_size, bias=False)
+        self.register_buffer("d2t", torch.zeros(spec.draft_vocab_size, dtype=torch.long))
+        self.register_buffer("t2d", torch.ones(spec.vocab_size, dtype=torch.bool)
+                             if spec.draft_vocab_size == spec.vocab_size else torch.zeros(spec.vocab_size, dtype=torch.bool))
+        self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size) if with_embeddings else None
+        inv_freq = 1.0 / spec.rope_theta ** (torch.arange(0, spec.head_dim, 2, dtype=torch.float32) / spec.head_dim)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def rope(self, positions: torch.Tensor, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        angles = (positions.float() / self.spec.rope_linear_factor)[:, None] * self.inv_freq.to(positions.device)[None]
+        emb = torch.cat([angles, angles], dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    def step(self, embeds, hidden, positions, past_k, past_v, mask=None):
+        """One pass of the layer over n rows: embeds [n, H] of the input tokens, hidden [n, H] (`g`:
+        fc(features) or a parent's `h`). Returns h [n, H] (pre-norm) and the rows' K/V."""
+        layer = self.midlayer
+        normed = layer.hidden_norm(hidden)
+        x = torch.cat([layer.input_layernorm(embeds), normed], dim=-1)
+        cos, sin = self.rope(positions, hidden.dtype)
+        attn, k, v = layer.self_attn(x, cos, sin, past_k, past_v, mask)
+        h = (normed if self.spec.norm_before_residual else hidden) + attn
+        return h + layer.mlp(layer.post_attention_layernorm(h)), k, v
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary logits (float32) of pre-norm states."""
+        return self.lm_head(self.norm(h)).float()
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids + self.d2t[draft_ids]
+
+    def new_cache(self) -> Eagle3Cache:
+        p = self.lm_head.weight
+        empty = p.new_zeros(self.spec.num_key_value_heads, 0, self.spec.head_dim)
+        return Eagle3Cache(empty, empty)
+
+    @torch.inference_mode()
+    def extend(self, cache: Eagle3Cache, features: torch.Tensor, next_embeds: torch.Tensor) -> torch.Tensor:
+        """Append rows built from target features [n, 3*H_t] of the tokens at positions [m, m + n) and the
+        embeddings of the tokens after them; returns their h [n, H] (the last row drafts the next token)."""
+        m, n = cache.length, len(features)
+        g = self.fc(features.to(self.fc.weight.dtype))
+        if n == 0:
+            return g
+        positions = torch.arange(m, m + n, device=g.device)
+        mask = None
+        if n > 1:  # causal inside the new rows, all of the cache visible
+            mask = torch.ones(n, m + n, dtype=torch.bool, device=g.device).tril(m)
+        h, k, v = self.step(next_embeds.to(g.dtype), g, positions, cache.keys, cache.values, mask)
+        cache.keys, cache.values = torch.cat([cache.keys, k], dim=1), torch.cat([cache.values, v], dim=1)
+        return h
+
+
+# ----------------------------------------------------------------------------------- checkpoints
+VLLM_NAMES = {"layers.0.": "midlayer.", "draft_id_to_target_id": "d2t"}
+
+
+def canonical_names(state: dict) -> dict:
+    out = {}
+    for name, tensor in state.items():
+        for theirs, ours in VLLM_NAMES.items():
+            if name.startswith(theirs):
+                name = ours + name[len(theirs):]
+        out[name.removeprefix("model.")] = tensor
+    return out
+
+
+def read_tensors(folder: Path) -> dict:
+    files = sorted(folder.glob("*.safetensors"))
+    state: dict = {}
+    if files:
+        from safetensors.torch import load_file
+
+        for f in files:
+            state.update(load_file(f))
+    elif (folder / "pytorch_model.bin").is_file():  # the official EAGLE release
+        state = torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    else:
+        raise ConfigError(f"EAGLE-3 checkpoint {folder}: no *.safetensors or pytorch_model.bin")
+    return canonical_names(state)
+
+
+def load_eagle3(location: str, device=None, dtype=None) -> Eagle3Drafter:
+    folder = resolve_location(location)
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        raise ConfigError(f"EAGLE-3 checkpoint {folder}: no config.json")
+    spec = Eagle3Spec.from_config(json.loads(config_path.read_text()), str(config_path))
+    state = read_tensors(folder)
+    model = Eagle3Drafter(spec, with_embeddings="embed_tokens.weight" in state)
+    if spec.draft_vocab_size == spec.vocab_size:  # EAGLE drops the mapping when the vocabularies agree
+        state.setdefault("d2t", torch.zeros(spec.draft_vocab_size, dtype=torch.long))
+        state.setdefault("t2d", torch.ones(spec.vocab_size, dtype=torch.bool))
+    expected = set(model.state_dict())
+    missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
+    if missing or unexpected:
+        raise ConfigError(f"EAGLE-3 checkpoint {folder}: tensor names do not match the EAGLE-3 layout "
+                          f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+    for name, tensor in model.state_dict().items():
+        if tuple(state[name].shape) != tuple(tensor.shape):
+            raise ConfigError(f"EAGLE-3 checkpoint {folder}: {name} has shape {tuple(state[name].shape)}, "
+                              f"config.json implies {tuple(tensor.shape)}")
+    model.load_state_dict({k: v.to(torch.long) if k == "d2t" else v.to(torch.bool) if k == "t2d" else v
+                           for k, v in state.items()})
+    model = model.to(device=device).eval()
+    if dtype is not None:  # the float weights only: d2t / t2d keep their integer and bool types
+        for module in model.modules():
+            for name, param in module.named_parameters(recurse=False):
+                param.data = param.data.to(dtype)
+    return model
+
+
+def save_eagle3(model: Eagle3Drafter, folder: Path, dtype=torch.bfloat16) -> None:
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {k: (v if not v.is_floating_point() else v.to(dtype)).detach().to("cpu").contiguous()
+             for k, v in model.state_dict().items()}
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    (folder / "config.json").write_text(json.dumps(model.spec.to_config(), indent=2))
+
+
+def vocab_mapping(token_counts: torch.Tensor, draft_vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """d2t / t2d from target-token counts over the training answers (EAGLE traineagle3 `scandata`): the
+    `draft_vocab_size` most frequent ids, sorted ascending; d2t[i] = used[i] - i, t2d marks them."""
+    used = torch.topk(token_counts.float(), draft_vocab_size, sorted=False).indices.sort().values
+    t2d = torch.zeros(len(token_counts), dtype=torch.bool)
+    t2d[used] = True
+    return used - torch.arange(draft_vocab_size), t2d

@@ -1,0 +1,87 @@
+"""EAGLE-2's dynamic draft tree (Li et al. 2024, SafeAILab/EAGLE `cnets.py topK_genrate`) and the
+chain mode, drafted by an EAGLE-3 model from its last cached row.
+
+    depth 1: the top_k tokens of the last row's draft distribution, scored by their log-probs
+    `depth` times: run the top_k frontier nodes (hidden = parent's h, token = the node's) in one pass,
+        each sees the cached rows, its ancestors' scratch rows and itself; every frontier node's top_k
+        children enter the pool with score = parent score + log-prob, and the best top_k of those
+        top_k^2 children are the next frontier
+    rerank: the best `total_tokens - 1` nodes of the pool by cumulative log-prob, in creation order
+
+A node scores no higher than its parent and ties are broken by creation order (parents first), so the
+kept nodes are closed under ancestry. Everything stays on the device until one host copy of the kept
+nodes per step. The tree is deterministic (top-k of untempered log-probs, as EAGLE drafts at any
+temperature), so the engine's acceptance keeps it lossless at every T.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from decoding.drafting.eagle3_drafter import Eagle3Cache, Eagle3Drafter
+from decoding.engine.transfer import to_host
+from decoding.engine.tree import TokenTree
+
+
+@torch.inference_mode()
+def dynamic_tree(drafter: Eagle3Drafter, cache: Eagle3Cache, h_last: torch.Tensor, embed, root: int,
+                 top_k: int, depth: int, total_tokens: int) -> tuple[TokenTree, int]:
+    """The tree (root + at most total_tokens - 1 drafts) and the number of drafter passes it took."""
+    device = h_last.device
+    k = min(top_k, drafter.spec.draft_vocab_size)
+    logp = torch.log_softmax(drafter.logits(h_last[None])[0], dim=-1)
+    scores, ids = torch.topk(logp, k)
+    tokens = drafter.to_target_ids(ids)
+    pool_scores, pool_tokens, pool_parents = [scores], [tokens], [torch.full((k,), -1, device=device)]
+    frontier = torch.arange(k, device=device)  # pool indices of the frontier nodes
+    frontier_h = h_last.expand(k, -1)
+    visible = torch.zeros(k, 0, dtype=torch.bool, device=device)  # frontier rows -> earlier scratch rows
+    scratch_k, scratch_v = cache.keys[:, :0], cache.values[:, :0]
+    eye = torch.eye(k, dtype=torch.bool, device=device)
+    cached = torch.ones(k, cache.length, dtype=torch.bool, device=device)
+    position = cache.length  # depth-1 nodes sit one past the last cached row
+    passes = 0
+    for level in range(depth):
+        mask = torch.cat([cached, visible, eye], dim=1)
+        past_k, past_v = torch.cat([cache.keys, scratch_k], dim=1), torch.cat([cache.values, scratch_v], dim=1)
+        h, new_k, new_v = drafter.step(embed(tokens), frontier_h, torch.full((k,), position + level, device=device),
+                                       past_k, past_v, mask)
+        passes += 1
+        scratch_k, scratch_v = torch.cat([scratch_k, new_k], dim=1), torch.cat([scratch_v, new_v], dim=1)
+        child_logp, child_ids = torch.topk(torch.log_softmax(drafter.logits(h), dim=-1), k)  # [k, k]
+        child_scores = (scores[:, None] + child_logp).reshape(-1)
+        offset = sum(len(s) for s in pool_scores)
+        pool_scores.append(child_scores)
+        pool_tokens.append(drafter.to_target_ids(child_ids.reshape(-1)))
+        pool_parents.append(frontier.repeat_interleave(k))
+        if level == depth - 1:
+            break
+        scores, best = torch.topk(child_scores, k)
+        parent_row = best // k
+        frontier = offset + best
+        tokens = pool_tokens[-1][best]
+        frontier_h = h[parent_row]
+        # a child sees what its parent saw, plus its parent's own scratch row (in the block just added)
+        visible = torch.cat([visible[parent_row], eye[parent_row]], dim=1)
+    all_scores, all_tokens, all_parents = torch.cat(pool_scores), torch.cat(pool_tokens), torch.cat(pool_parents)
+    keep = min(total_tokens - 1, len(all_scores))
+    order = torch.sort(all_scores, descending=True, stable=True).indices[:keep].sort().values
+    kept_tokens, kept_parents, kept = to_host(all_tokens[order], all_parents[order], order)
+    node_of = {-1: 0, **{pool_index: node for node, pool_index in enumerate(kept, start=1)}}
+    return TokenTree([root, *kept_tokens], [-1, *(node_of[p] for p in kept_parents)]), passes
+
+
+@torch.inference_mode()
+def chain(drafter: Eagle3Drafter, cache: Eagle3Cache, h_last: torch.Tensor, embed, root: int,
+          length: int) -> tuple[TokenTree, int]:
+    """`length` argmax drafts, each fed back with its own h (vLLM / SGLang chain mode)."""
+    device = h_last.device
+    picks = [drafter.to_target_ids(drafter.logits(h_last[None])[0].argmax())]
+    h = h_last[None]
+    past_k, past_v = cache.keys, cache.values
+    for i in range(length - 1):
+        h, new_k, new_v = drafter.step(embed(picks[-1].view(1)), h, torch.full((1,), cache.length + i, device=device),
+                                       past_k, past_v)
+        past_k, past_v = torch.cat([past_k, new_k], dim=1), torch.cat([past_v, new_v], dim=1)
+        picks.append(drafter.to_target_ids(drafter.logits(h)[0].argmax()))
+    return TokenTree.chain(root, to_host(torch.stack(picks))[0]), length - 1

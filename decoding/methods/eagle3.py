@@ -1,0 +1,112 @@
+"""EAGLE-3 (Li et al. 2025, SafeAILab/EAGLE): a one-layer drafter over three target layers' features,
+drafting EAGLE-2's dynamic tree (`tree=true`, the paper's inference) or a chain (`tree=false`, the
+vLLM / SGLang chain mode), verified by the engine like every tree.
+
+Bookkeeping per step: the drafter's cache holds one row per committed token but the root, each built
+from the target's features of that token and the embedding of the token after it. The prefill taps
+the prompt; a verified step taps the root and the accepted drafts, whose following tokens are the
+accepted drafts and the bonus, so the next step's rows are exactly those (EAGLE's `stable_kv`, with
+the expansion's rows discarded). The drafter (`decoding/drafting/eagle3_drafter.py`) and the tree
+(`decoding/drafting/eagle_tree.py`) are separate files.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from decoding.drafting.eagle3_drafter import load_eagle3
+from decoding.drafting.eagle_tree import chain, dynamic_tree
+from decoding.engine.loop import DecodeState, Method, Proposal, StepResult
+from decoding.engine.target import ForwardOutput, TargetModel
+from decoding.engine.transfer import to_device
+from decoding.engine.tree import TokenTree
+from pipeline.errors import ConfigError, check_range
+
+
+@dataclass
+class Eagle3Config:
+    _target_: str = "decoding.methods.eagle3.Eagle3"
+    name: str = "eagle3"
+    drafter: Optional[str] = None  # local folder or HF hub id; null = the model's `drafters.eagle3`
+    tree: bool = True  # EAGLE-2 dynamic tree; false: a chain of `chain_length` argmax drafts
+    total_tokens: int = 60  # tree nodes including the root (EAGLE's total_token; its eval scripts use 60)
+    depth: int = 5  # expansions after the first top-k: drafts reach depth + 1 (EAGLE's depth)
+    top_k: int = 10  # frontier width and children per node (EAGLE's top_k)
+    chain_length: int = 5  # tree=false: drafts per step (SGLang's speculative_num_steps default)
+    layer_ids: list[int] = field(default_factory=list)  # target layers (output ids); [] = the checkpoint's
+
+    def __post_init__(self) -> None:
+        check_range("method.total_tokens", self.total_tokens, 2)
+        check_range("method.depth", self.depth, 1)
+        check_range("method.top_k", self.top_k, 1)
+        check_range("method.chain_length", self.chain_length, 1)
+
+
+class Eagle3(Method):
+    name = "eagle3"
+
+    def setup(self, target: TargetModel) -> None:
+        if not self.config.drafter:
+            raise ConfigError("method=eagle3: no EAGLE-3 drafter is known for this model; set method.drafter=<folder "
+                              "or HF hub id> (train one: python -m pipeline.train drafter=eagle3)")
+        self.drafter = load_eagle3(self.config.drafter, device=target.device, dtype=target.dtype)
+        spec, cfg = self.drafter.spec, target.config
+        self.taps = tuple(self.config.layer_ids or spec.layer_ids(cfg.num_hidden_layers))
+        if (spec.target_hidden_size != cfg.hidden_size or spec.vocab_size != cfg.vocab_size or len(self.taps) != 3
+                or max(self.taps) >= cfg.num_hidden_layers):
+            raise ConfigError(f"method=eagle3: drafter {self.config.drafter} does not fit this target (hidden "
+                              f"{spec.target_hidden_size} vs {cfg.hidden_size}, vocab {spec.vocab_size} vs "
+                              f"{cfg.vocab_size}, layers {list(self.taps)} of {cfg.num_hidden_layers})")
+        own = self.drafter.embed_tokens
+        if own is None and spec.hidden_size != cfg.hidden_size:
+            raise ConfigError(f"method=eagle3: drafter {self.config.drafter} is {spec.hidden_size} wide and has no "
+                              f"embed_tokens of its own; the target's are {cfg.hidden_size} wide")
+        self.embed = own if own is not None else target.model.get_input_embeddings()
+        self.target = target
+
+    def prefill_hidden_layers(self) -> tuple[int, ...]:
+        return self.taps
+
+    def begin(self, state: DecodeState) -> None:
+        self.cache = self.drafter.new_cache()
+        self.passes = 0
+
+    def on_prefill(self, state: DecodeState, output: ForwardOutput) -> None:
+        # rows 0..n-2 of the prompt, each followed by the next prompt token (the last one is the root)
+        self.pending = (self._features(output, None), state.prompt_ids[1:])
+
+    def observe(self, state: DecodeState, result: StepResult) -> None:
+        rows = result.verdict.path[:len(result.committed)]  # a stop token may cut the commit short
+        self.pending = (self._features(result.output, rows), result.committed[:len(rows)])
+
+    def _features(self, output: ForwardOutput, rows: list[int] | None) -> torch.Tensor:
+        if not output.hidden:  # a one-token prompt: nothing prefilled
+            return torch.empty(0, 3 * self.drafter.spec.target_hidden_size, device=self.target.device,
+                               dtype=self.target.dtype)
+        feats = torch.cat([output.hidden[layer] for layer in self.taps], dim=-1)
+        return feats if rows is None else feats.index_select(0, to_device(rows, feats.device))
+
+    @torch.inference_mode()
+    def propose(self, state: DecodeState) -> Proposal:
+        features, next_tokens = self.pending
+        h = self.drafter.extend(self.cache, features, self.embed(to_device(next_tokens, features.device)))
+        self.passes += 1
+        if not len(h):  # no row to draft from yet (a one-token prompt's first step)
+            return Proposal(TokenTree.root_only(state.root), hidden_layers=self.taps)
+        cfg = self.config
+        if cfg.tree:
+            tree, passes = dynamic_tree(self.drafter, self.cache, h[-1], self.embed, state.root, cfg.top_k, cfg.depth,
+                                        cfg.total_tokens)
+        else:
+            tree, passes = chain(self.drafter, self.cache, h[-1], self.embed, state.root, cfg.chain_length)
+        self.passes += passes
+        return Proposal(tree, hidden_layers=self.taps)
+
+    def finish(self, state: DecodeState) -> None:
+        state.stats.add_extra("drafter_forwards", self.passes)
+
+
+CONFIG = Eagle3Config
