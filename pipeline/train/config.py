@@ -28,7 +28,7 @@ class DataConfig:
 
 @dataclass
 class DrafterTrainConfig:
-    kind: str = "dflash"  # dflash | domino (Domino head + backbone fine-tuned from a DFlash checkpoint) | exit_head
+    kind: str = "dflash"  # dflash | domino (Domino head + backbone fine-tuned from a DFlash checkpoint) | exit_head | eagle3
     out_dir: str = "drafters/${model.name}/${.kind}"  # published-format safetensors + config.json
     state_dir: str = "outputs/drafter_train/${model.name}/${.kind}"  # resumable optimizer state
     init_from: Optional[str] = None  # domino: the DFlash checkpoint to start from
@@ -55,9 +55,16 @@ class DrafterTrainConfig:
     seed: int = 0
     exit_layer: int = 6  # exit_head: the early exit it translates (decoder layers [0, exit_layer))
     tokens_per_step: int = 1024  # exit_head: positions per optimizer step
+    eagle_layer_ids: list[int] = field(default_factory=list)  # eagle3: output ids; [] = 1, L//2-1, L-4 (EAGLE's)
+    draft_vocab_size: int = 8192  # eagle3: the most frequent answer tokens (EAGLE-3 Llama-3.1-8B: 32000)
+    ttt_length: int = 7  # eagle3: training-time-test steps (EAGLE-3 / SpecForge: 7)
+    ttt_decay: float = 0.8  # eagle3: weight decay^j of step j's loss (EAGLE main.py, SpecForge ploss_decay)
+    max_train_len: int = 2048  # eagle3: tokens per training sequence (EAGLE: max_len 2048)
 
     def __post_init__(self) -> None:
-        check_choice("drafter.kind", self.kind, ("dflash", "domino", "exit_head"))
+        check_choice("drafter.kind", self.kind, ("dflash", "domino", "exit_head", "eagle3"))
+        check_range("drafter.ttt_length", self.ttt_length, 1)
+        check_range("drafter.draft_vocab_size", self.draft_vocab_size, 2)
         check_range("drafter.exit_layer", self.exit_layer, 1)
         check_range("drafter.tokens_per_step", self.tokens_per_step, 1)
         check_range("drafter.block_size", self.block_size, 2)

@@ -178,6 +178,10 @@ def train(cfg: TrainConfig, run_config: dict, show_progress: bool = True) -> dic
         from pipeline.train.exit_head import train_exit_head
 
         return train_exit_head(cfg, run_config, show_progress)
+    if d.kind == "eagle3":
+        from pipeline.train.eagle3 import train_eagle3
+
+        return train_eagle3(cfg, run_config, show_progress)
     state_dir, out_dir = Path(d.state_dir), Path(d.out_dir)
     state_dir.mkdir(parents=True, exist_ok=True)
 

@@ -100,3 +100,68 @@ def test_exit_head_training_lowers_val_kl_and_loads_as_a_drafter(tiny_model_dirs
     assert drafter.lm.layers == (0,) and drafter.lm.exit_head is not None
     with pytest.raises(ConfigError, match="trained for exit layer 1"):
         build_drafter(DrafterConfig(exit_layer=2, head=str(tmp_path / "exit_head")), target)
+
+
+def test_the_training_time_test_computes_what_decoding_computes():
+    """Step j of the training-time test at row t is the depth-j tree node after the committed rows 0..t
+    (decoding's own extend + tree step), so training and decoding see the same inputs, masks, positions."""
+    from decoding.drafting.eagle3_drafter import Eagle3Drafter, Eagle3Spec
+    from pipeline.train.eagle3 import ttt_hidden
+
+    spec = Eagle3Spec(hidden_size=32, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2,
+                      vocab_size=50, draft_vocab_size=50, target_hidden_size=24, head_dim=8)
+    torch.manual_seed(0)
+    drafter = Eagle3Drafter(spec).eval()
+    for p in drafter.parameters():
+        torch.nn.init.normal_(p, std=0.3) if p.dim() == 2 else torch.nn.init.uniform_(p, 0.5, 1.5)
+    embed = torch.nn.Embedding(50, 32)
+    feats, ids = torch.randn(12, 72), torch.randint(0, 50, (12,))
+    with torch.no_grad():
+        trained = list(ttt_hidden(drafter, embed, feats, ids, ttt_length=4))
+        for t in (0, 3, 7):
+            cache = drafter.new_cache()
+            h = drafter.extend(cache, feats[:t + 1], embed(ids[1:t + 2]))[-1:]
+            past_k, past_v = cache.keys, cache.values
+            for j in range(4):
+                if j:  # the node whose path is ids[t+2 : t+2+j]: fed its last token and its parent's h
+                    h, k, v = drafter.step(embed(ids[t + 1 + j].view(1)), h, torch.tensor([t + j]), past_k, past_v)
+                    past_k, past_v = torch.cat([past_k, k], 1), torch.cat([past_v, v], 1)
+                if t + 1 + j < len(ids):
+                    assert torch.allclose(trained[j][t], h[0], atol=1e-5), (t, j)
+
+
+def test_eagle3_training_raises_chain_acceptance_and_decodes_as_method_eagle3(tiny_model_dirs, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from decoding.engine.loop import generate
+    from decoding.engine.target import TargetModel
+    from decoding.methods.ar import AR
+    from decoding.methods.eagle3 import Eagle3, Eagle3Config
+    from pipeline.train.eagle3 import new_eagle3, token_counts, validate
+    from pipeline.train.trainer import train, training_samples
+
+    overrides = [o for o in tiny_overrides(tiny_model_dirs["llama"], tmp_path, "eagle3", steps=30)
+                 if not o.startswith(("drafter.checkpoint_every", "drafter.seqs_per_step"))]
+    overrides += ["drafter.checkpoint_every=15", "drafter.lr=0.005", "drafter.ttt_length=3", "drafter.seqs_per_step=2",
+                  "drafter.eagle_layer_ids=[0,1,2]", "drafter.draft_vocab_size=40", "data.max_new_tokens=24"]
+    cfg = compose_train(overrides)
+    summary = train(cfg, {}, show_progress=False)
+    assert summary["steps"] == 30 and summary["layer_ids"] == [0, 1, 2] and summary["draft_vocab_size"] == 40
+    target = AutoModelForCausalLM.from_pretrained(tiny_model_dirs["llama"], dtype=torch.float32).eval()
+    samples = training_samples(cfg, target, AutoTokenizer.from_pretrained(tiny_model_dirs["llama"]))
+    untrained = new_eagle3(target.config, [0, 1, 2], 40, token_counts(samples[2:], target.config.vocab_size), 0).eval()
+    before = validate(untrained, target.get_input_embeddings(), target.get_output_embeddings().weight.float(), target,
+                      samples[:2], cfg.drafter)
+    assert summary["val/accept_len_chain"] > before["val/accept_len_chain"]
+    assert summary["val/top1_step0"] > before["val/top1_step0"]
+    assert set(json.loads((tmp_path / "eagle3" / "training.json").read_text())) >= {"val/top1_step2", "tokens"}
+    # the export loads as the method's drafter and decodes exactly as AR
+    wrapped = TargetModel(target, AutoTokenizer.from_pretrained(tiny_model_dirs["llama"]))
+    method = Eagle3(Eagle3Config(drafter=str(tmp_path / "eagle3"), total_tokens=10, depth=3, top_k=3))
+    method.setup(wrapped)
+    prompt = samples[0]["ids"][:samples[0]["prompt_len"]].tolist()
+    eagle = generate(method, wrapped, prompt, max_new_tokens=20)
+    assert eagle.new_tokens == generate(AR(), wrapped, prompt, max_new_tokens=20).new_tokens
+    # a rerun with more steps resumes
+    more = compose_train([o if not o.startswith("drafter.steps") else "drafter.steps=32" for o in overrides])
+    assert train(more, {}, show_progress=False)["steps"] == 32
