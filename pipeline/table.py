@@ -49,7 +49,8 @@ def cells(row: dict, columns=RUN_COLUMNS) -> list[str]:
     for key, _ in columns:
         if key == "match":
             out.append(match_cell(row))
-        elif key == "method" and row.get("settings"):  # a variant of an option: name (settings)
+        elif key == "method" and row.get("settings") and not any(k == "settings" for k, _ in columns):
+            # a variant of an option: name (settings), unless the table has a settings column
             out.append(f"{row['method']} ({row['settings']})")
         elif key in ("quality", "ar_quality") and row.get(key) is not None and row.get("quality_metric"):
             out.append(f"{fmt(row[key])} {row['quality_metric']}")

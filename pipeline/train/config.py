@@ -20,6 +20,7 @@ class DataConfig:
     max_new_tokens: int = 128
     batch_size: int = 16  # batched HF generate: far cheaper per token than batch-1 on a CPU
     seed: int = 0
+    corpus: Optional[str] = None  # eagle3 / exit_head: a self-distillation corpus (python -m pipeline.train.corpus)
 
     def __post_init__(self) -> None:
         check_range("data.num_prompts", self.num_prompts, 1)

@@ -124,7 +124,19 @@ def validate(model, embed, lm_head, samples, cfg) -> dict:
 
 
 def training_samples(cfg: TrainConfig, target, tokenizer) -> list[dict]:
-    """The answer shards (built once, resumable), in a seeded shuffle: the first val_sequences validate."""
+    """The answer shards (built once, resumable), or the corpus of `data.corpus` (token ids only: for
+    the trainers that recompute features), in a seeded shuffle: the first val_sequences validate."""
+    if cfg.data.corpus:
+        from pipeline.train.corpus import load_corpus
+
+        if cfg.drafter.kind not in ("eagle3", "exit_head"):
+            from pipeline.errors import ConfigError
+
+            raise ConfigError(f"data.corpus holds token ids only; drafter={cfg.drafter.kind} reads stored hidden states "
+                              "(use data.dir shards, or drafter=eagle3 / exit_head)")
+        samples = load_corpus(cfg.data.corpus)
+        random.Random(cfg.data.seed).shuffle(samples)
+        return samples
     prompts = training_prompts(cfg.data.num_prompts, cfg.data.seed)
     paths = build_dataset(target, tokenizer, prompts, list(cfg.drafter.target_layer_ids), Path(cfg.data.dir),
                           cfg.data.batch_size, cfg.data.max_new_tokens, stop_token_ids(target, tokenizer),

@@ -1,0 +1,70 @@
+"""The self-distillation corpus (pipeline/train/corpus.py): prompts disjoint from the evaluation sets,
+resumable shards, a compressed bundle that training reads back."""
+
+import json
+
+import pytest
+import torch
+
+from pipeline.errors import ConfigError
+from pipeline.train.corpus import (CorpusConfig, build_corpus, drop_contaminated, evaluation_prompts, interleave,
+                                   load_corpus, ngrams, offline_prompts)
+
+
+def test_the_offline_prompts_share_no_13_word_run_with_any_evaluation_prompt():
+    evaluation = evaluation_prompts()
+    assert len(evaluation) >= 80 + 164 + 300 - 10  # MT-Bench turns (80 x 2), HumanEval, reserved GSM8K
+    pools = offline_prompts(0)
+    assert {k: len(v) > 400 for k, v in pools.items()} == {"chat": True, "code": True, "gsm8k": True}
+    prompts = interleave(pools, 100_000)
+    kept, dropped = drop_contaminated(prompts, evaluation)
+    banned = set().union(*(ngrams(p) for p in evaluation))
+    assert all(not (ngrams(p) & banned) for _, p in kept) and dropped < 10
+    planted = ("chat", "Please answer: " + evaluation[0])  # an evaluation prompt inside a template is dropped
+    assert drop_contaminated([planted], evaluation) == ([], 1)
+
+
+def test_interleave_mixes_the_sources_evenly_and_is_prefix_stable():
+    pools = {"a": ["a1", "a2", "a3"], "b": ["b1"], "c": ["c1", "c2"]}
+    assert interleave(pools, 10) == [("a", "a1"), ("b", "b1"), ("c", "c1"), ("a", "a2"), ("c", "c2"), ("a", "a3")]
+    assert interleave(pools, 4) == interleave(pools, 10)[:4]
+
+
+def test_the_corpus_is_built_in_resumable_shards_and_read_back_by_training(tiny_model_dirs, tmp_path, monkeypatch):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import pipeline.train.corpus as corpus
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dirs["llama"], dtype=torch.bfloat16).eval()
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dirs["llama"])
+    cfg = CorpusConfig(out_dir=str(tmp_path / "corpus"), num_prompts=7, max_new_tokens=6, batch_size=3,
+                       self_questions=2)
+    stats = build_corpus(model, tokenizer, cfg, {2}, show_progress=False)
+    assert stats["prompts"] == 7 and 0 < stats["answer_tokens"] <= 7 * 6
+    assert set(stats["by_source"]) == {"chat", "code", "gsm8k", "self"}
+    questions = json.loads((tmp_path / "corpus" / "questions.json").read_text())
+    assert len(questions) <= 2 and all(q.endswith("?") for q in questions)
+    samples = load_corpus(str(tmp_path / "corpus"))
+    assert [s["source"] for s in samples][:3] == ["chat", "code", "gsm8k"]
+    first = samples[0]  # the answer is the model's own greedy continuation of the prompt
+    out = model.generate(input_ids=first["ids"][None, :first["prompt_len"]], max_new_tokens=6, do_sample=False,
+                         eos_token_id=[2], pad_token_id=2)
+    assert out[0, first["prompt_len"]:].tolist()[:len(first["ids"]) - first["prompt_len"]] == \
+        first["ids"][first["prompt_len"]:].tolist()
+    class Regenerated(Exception):
+        pass
+
+    def regenerate(*args, **kwargs):
+        raise Regenerated
+
+    # a rerun generates nothing: every shard is there
+    monkeypatch.setattr(corpus, "generate_batch", regenerate)
+    assert build_corpus(model, tokenizer, cfg, {2}, show_progress=False)["prompts"] == 7
+    (tmp_path / "corpus" / "shard_00000.npz").unlink()
+    (tmp_path / "corpus" / "corpus.npz").unlink()
+    with pytest.raises(Regenerated):
+        build_corpus(model, tokenizer, cfg, {2}, show_progress=False)  # only the missing shard is regenerated
+    with pytest.raises(ConfigError, match="built with other settings"):
+        build_corpus(model, tokenizer, CorpusConfig(out_dir=cfg.out_dir, max_new_tokens=9), {2}, show_progress=False)
+    with pytest.raises(ConfigError, match="no corpus.npz and no shard"):
+        load_corpus(str(tmp_path / "nothing"))
