@@ -104,11 +104,13 @@ def summary_row(s: dict, run_dir: Path) -> dict:
         "experiment": s.get("experiment"),
         "ar_reference": json.loads(reference.read_text()).get("fingerprint") if reference.exists() else None,
         "run_dir": str(run_dir), "_summary": {"method": s["method"], "by_category": s.get("by_category")},
+        "_entry": in_comparison,
     }
 
 
 def label_of(row: dict) -> str:
-    return row["method"] + (f" ({row['settings']})" if row["settings"] else "")
+    """A comparison's row is named by its `methods` entry already (ptd_tuned, spec_cascade_alpha=0.05)."""
+    return row["method"] + (f" ({row['settings']})" if row["settings"] and not row.get("_entry") else "")
 
 
 def method_settings(run_dir: Path, method: str) -> str:

@@ -6,7 +6,9 @@ Kinds (`drafter=` config group):
   optionally with a trained exit head in front of the norm (`head`: a tuned-lens translator,
   decoding/drafting/exit_head.py; `drafter=exit_head`);
 - `slim`: the target with the layers of a routing mask skipped (self-speculative layer skipping);
-- `model`: a separate small model that shares the target's tokenizer (qwen3-0.6b for qwen3-8b).
+- `model`: a separate small model that shares the target's tokenizer (qwen3-0.6b for qwen3-8b);
+- `eagle3`: an EAGLE-3 checkpoint drafting a chain from the target's own features
+  (decoding/drafting/eagle3_chain.py; sd and spec_cascade).
 """
 
 from __future__ import annotations
@@ -27,15 +29,16 @@ from pipeline.models import ModelConfig
 @dataclass
 class DrafterConfig:
     name: str = "early_exit"
-    kind: str = "early_exit"  # early_exit | slim | model
+    kind: str = "early_exit"  # early_exit | slim | model | eagle3
     gamma: int = 5  # draft length γ (Narasimhan et al. use 5; Leviathan et al. sweep 1-10)
     exit_layer: int = 6  # early_exit: run decoder layers [0, exit_layer) (LayerSkip's E)
     head: Optional[str] = None  # early_exit: a trained exit-head folder (python -m pipeline.train drafter=exit_head)
     mask: Optional[str] = None  # slim: routing-mask name (decoding/drafting/routing.py) or a path, e.g. the DIMR result
     model: Optional[ModelConfig] = None  # model: the separate draft model
+    checkpoint: Optional[str] = None  # eagle3: folder or HF hub id of an EAGLE-3 checkpoint
 
     def __post_init__(self) -> None:
-        check_choice("drafter.kind", self.kind, ("early_exit", "slim", "model"))
+        check_choice("drafter.kind", self.kind, ("early_exit", "slim", "model", "eagle3"))
         check_range("drafter.gamma", self.gamma, 1)
         check_range("drafter.exit_layer", self.exit_layer, 1)
         if self.kind == "slim" and not self.mask:
@@ -44,12 +47,17 @@ class DrafterConfig:
             raise ConfigError(f"drafter.head is for drafter.kind=early_exit, not {self.kind}")
         if self.kind == "model" and self.model is None:
             raise ConfigError("drafter.kind=model needs drafter.model (a model config)")
+        if self.kind == "eagle3" and not self.checkpoint:
+            raise ConfigError("drafter=eagle3: no EAGLE-3 checkpoint is known for this model; set "
+                              "drafter.checkpoint=<folder or HF hub id> (train one: python -m pipeline.train drafter=eagle3)")
 
 
 class Drafter:
     """Drafts γ tokens after the committed sequence, one forward per token. It remembers which
     tokens its cache holds, so after verification it keeps the agreeing prefix and re-runs only
     the tokens it has not seen (bonus / corrected tokens) in front of the next draft."""
+
+    hidden_layers: tuple[int, ...] = ()  # target layers a feature drafter reads (EAGLE-3); none here
 
     def __init__(self, lm: TargetModel, shares_target: bool = False):
         self.lm = lm
@@ -59,6 +67,12 @@ class Drafter:
     def begin(self, sequence: list[int]) -> None:
         self.lm.prefill(sequence[:-1])
         self.cached = list(sequence[:-1])
+
+    def on_prefill(self, output, prompt_ids: list[int]) -> None:
+        """The target's prefill output (a feature drafter reads its taps); this one follows tokens only."""
+
+    def observe(self, result) -> None:
+        """A verified step (a feature drafter reads the accepted rows' taps)."""
 
     def _catch_up(self, sequence: list[int]) -> list[int]:
         """Drop cached tokens that left the sequence; return the tokens still to feed (root incl.)."""
@@ -111,6 +125,10 @@ class Drafter:
 
 
 def build_drafter(cfg: DrafterConfig, target: TargetModel) -> Drafter:
+    if cfg.kind == "eagle3":
+        from decoding.drafting.eagle3_chain import Eagle3ChainDrafter
+
+        return Eagle3ChainDrafter(cfg.checkpoint, target)
     if cfg.kind == "early_exit":
         if cfg.exit_layer >= target.num_layers:
             raise ConfigError(f"drafter.exit_layer={cfg.exit_layer} must be below the target's "

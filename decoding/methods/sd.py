@@ -37,11 +37,21 @@ class SpeculativeDecoding(Method):
     def begin(self, state: DecodeState) -> None:
         self.drafter.begin(state.sequence)
 
+    def prefill_hidden_layers(self) -> tuple[int, ...]:
+        return self.drafter.hidden_layers  # a feature drafter (EAGLE-3) reads target layers; others none
+
+    def on_prefill(self, state: DecodeState, output) -> None:
+        self.drafter.on_prefill(output, state.prompt_ids)
+
     def propose(self, state: DecodeState) -> Proposal:
         tokens, dists = self.drafter.draft(state.sequence, self.gamma, state.temperature, state.sampler,
                                            need_dists=not state.greedy)
         # At T=0 the drafts are argmaxes (deterministic proposals); at T>0 they were sampled from q.
-        return Proposal(TokenTree.chain(state.root, tokens, None if state.greedy else list(dists)))
+        return Proposal(TokenTree.chain(state.root, tokens, None if state.greedy else list(dists)),
+                        hidden_layers=self.drafter.hidden_layers)
+
+    def observe(self, state: DecodeState, result) -> None:
+        self.drafter.observe(result)
 
     def finish(self, state: DecodeState) -> None:
         self.drafter.record(state.stats)

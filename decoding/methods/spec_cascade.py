@@ -81,9 +81,15 @@ class SpeculativeCascade(Method):
         self.drafter.begin(state.sequence)
         self._deferred = torch.zeros((), dtype=torch.long, device=state.target.output_device)
 
+    def prefill_hidden_layers(self) -> tuple[int, ...]:
+        return self.drafter.hidden_layers  # a feature drafter (EAGLE-3) reads target layers; others none
+
+    def on_prefill(self, state: DecodeState, output) -> None:
+        self.drafter.on_prefill(output, state.prompt_ids)
+
     def propose(self, state: DecodeState) -> Proposal:
         tokens, self._q_small = self.drafter.draft(state.sequence, self.gamma, state.temperature, state.sampler)
-        return Proposal(TokenTree.chain(state.root, tokens, list(self._q_small)))
+        return Proposal(TokenTree.chain(state.root, tokens, list(self._q_small)), hidden_layers=self.drafter.hidden_layers)
 
     def finish(self, state: DecodeState) -> None:
         self.drafter.record(state.stats)
@@ -95,7 +101,8 @@ class SpeculativeCascade(Method):
         t0 = time.perf_counter()
         proposal = self.propose(state)
         t1 = time.perf_counter()
-        verify(state, proposal, decide=lambda tree, logits: self.decide(state, tree, logits))
+        result = verify(state, proposal, decide=lambda tree, logits: self.decide(state, tree, logits))
+        self.drafter.observe(result)
         state.stats.add_time(draft=t1 - t0, verify=time.perf_counter() - t1)
 
     def decide(self, state: DecodeState, tree: TokenTree, logits: torch.Tensor) -> Verdict:

@@ -70,6 +70,9 @@ class VIASD(Method):
     def setup(self, target: TargetModel) -> None:
         cfg = self.config
         drafter_cfg = self.drafter_config or DrafterConfig()
+        if drafter_cfg.kind == "eagle3":  # tiers 1-2 commit tokens the full target has not run: no features yet
+            raise ConfigError("method=via_sd does not take drafter=eagle3 yet: its slim tier settles tokens without "
+                              "the target's features that EAGLE-3 drafts from; use sd or spec_cascade")
         self.drafter = build_drafter(drafter_cfg, target)
         self.gamma = drafter_cfg.gamma
         self.middle_model: Drafter | None = None

@@ -72,3 +72,26 @@ def test_a_drafter_for_another_target_is_one_line(tiny_llama, tmp_path):
         Eagle3(Eagle3Config(drafter=folder)).setup(tiny_llama)
     with pytest.raises(ConfigError, match="no EAGLE-3 drafter is known for this model"):
         Eagle3(Eagle3Config()).setup(tiny_llama)
+
+
+def test_eagle3_drafts_for_sd_and_spec_cascade(tiny_target, tmp_path):
+    from decoding.drafting.drafter import DrafterConfig
+    from decoding.methods.sd import SDConfig, SpeculativeDecoding
+    from decoding.methods.spec_cascade import SpecCascadeConfig, SpeculativeCascade
+    from decoding.methods.via_sd import VIASD, VIASDConfig
+
+    drafter = DrafterConfig(name="eagle3", kind="eagle3", checkpoint=tiny_eagle3(tiny_target, tmp_path / "e3"), gamma=4)
+    sd = SpeculativeDecoding(SDConfig(), drafter=drafter)
+    sd.setup(tiny_target)
+    ar = generate(AR(), tiny_target, PROMPT, max_new_tokens=30).new_tokens
+    state = generate(sd, tiny_target, PROMPT, max_new_tokens=30)
+    assert state.new_tokens == ar and state.stats.num_draft_tokens > 0 and state.stats.extra["drafter_forwards"] > 0
+    sampled = generate(sd, tiny_target, PROMPT, max_new_tokens=12, temperature=1.0, seed=3)
+    assert len(sampled.new_tokens) == 12  # drafts carry their distribution over the full vocabulary at T > 0
+    cascade = SpeculativeCascade(SpecCascadeConfig(), drafter=drafter)
+    cascade.setup(tiny_target)
+    assert generate(cascade, tiny_target, PROMPT, max_new_tokens=12).stats.num_draft_tokens > 0
+    with pytest.raises(ConfigError, match="via_sd does not take drafter=eagle3 yet"):
+        VIASD(VIASDConfig(), drafter=drafter).setup(tiny_target)
+    with pytest.raises(ConfigError, match="no EAGLE-3 checkpoint is known"):
+        DrafterConfig(kind="eagle3")

@@ -1,0 +1,88 @@
+"""EAGLE-3 as the drafter of the drafter-verifier methods (`drafter=eagle3` for sd and spec_cascade):
+γ tokens drafted one by one from the EAGLE-3 model, each fed back with its own h, sampled from its
+distribution at T > 0 (scattered over the full vocabulary, zero outside the draft vocabulary) so
+speculative sampling stays lossless.
+
+Unlike the other drafters it reads the target's features: the method asks the target for the three
+layers at prefill and in every verification (`hidden_layers`) and hands the verified rows over
+(`on_prefill`, `observe`), exactly as `method=eagle3` keeps its cache (decoding/methods/eagle3.py).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from decoding.drafting.eagle3_drafter import load_eagle3
+from decoding.engine.sampling import Sampler, probabilities
+from decoding.engine.transfer import to_device, to_host
+from pipeline.errors import ConfigError
+
+
+class Eagle3ChainDrafter:
+    shares_target = False
+
+    def __init__(self, location: str, target):
+        self.model = load_eagle3(location, device=target.device, dtype=target.dtype)
+        spec, cfg = self.model.spec, target.config
+        self.hidden_layers = tuple(spec.layer_ids(cfg.num_hidden_layers))
+        if spec.target_hidden_size != cfg.hidden_size or spec.vocab_size != cfg.vocab_size or \
+                max(self.hidden_layers) >= cfg.num_hidden_layers:
+            raise ConfigError(f"drafter=eagle3: {location} does not fit this target (hidden {spec.target_hidden_size} "
+                              f"vs {cfg.hidden_size}, vocab {spec.vocab_size} vs {cfg.vocab_size}, layers "
+                              f"{list(self.hidden_layers)} of {cfg.num_hidden_layers})")
+        own = self.model.embed_tokens
+        self.embed = own if own is not None else target.model.get_input_embeddings()
+        self.target = target
+        self.vocab_size = cfg.vocab_size
+        self.draft_to_target = self.model.to_target_ids(torch.arange(spec.draft_vocab_size, device=target.device))
+        self.passes = 0
+
+    def begin(self, sequence: list[int]) -> None:
+        self.cache = self.model.new_cache()
+
+    def on_prefill(self, output, prompt_ids: list[int]) -> None:
+        self.pending = (self._features(output.hidden, None), prompt_ids[1:])
+
+    def observe(self, result) -> None:
+        rows = result.verdict.path[:len(result.committed)]
+        self.pending = (self._features(result.output.hidden, rows), result.committed[:len(rows)])
+
+    def _features(self, hidden: dict, rows) -> torch.Tensor:
+        if not hidden:
+            return torch.empty(0, 3 * self.model.spec.target_hidden_size, device=self.target.device,
+                               dtype=self.target.dtype)
+        feats = torch.cat([hidden[layer] for layer in self.hidden_layers], dim=-1)
+        return feats if rows is None else feats.index_select(0, to_device(rows, feats.device))
+
+    @torch.inference_mode()
+    def draft(self, sequence: list[int], gamma: int, temperature: float, sampler: Sampler,
+              need_dists: bool = True) -> tuple[list[int], torch.Tensor | None]:
+        features, next_tokens = self.pending
+        device = features.device
+        h = self.model.extend(self.cache, features, self.embed(to_device(next_tokens, device)))[-1:]
+        self.passes += 1
+        if not len(h):  # a one-token prompt: nothing to draft from yet
+            return [], torch.empty(0, self.vocab_size, device=device)
+        sampler = sampler.for_device(device)
+        past_k, past_v = self.cache.keys, self.cache.values
+        tokens, dists = [], []
+        for i in range(gamma):
+            logits = self.model.logits(h)[0]
+            dist = None
+            if need_dists or temperature > 0:
+                dist = torch.zeros(self.vocab_size, device=device).index_copy_(
+                    0, self.draft_to_target, probabilities(logits, temperature))
+            tok = self.draft_to_target[logits.argmax()] if temperature <= 0 else sampler.categorical(dist)
+            tokens.append(tok)
+            dists.append(dist)
+            if i + 1 < gamma:
+                h, k, v = self.model.step(self.embed(tok.view(1)), h, torch.full((1,), self.cache.length + i,
+                                                                                 device=device), past_k, past_v)
+                past_k, past_v = torch.cat([past_k, k], dim=1), torch.cat([past_v, v], dim=1)
+                self.passes += 1
+        drafted = to_host(torch.stack(tokens))[0]
+        return drafted, None if dists[0] is None else torch.stack(dists)
+
+    def record(self, stats) -> None:
+        stats.add_extra("drafter_forwards", self.passes)
+        self.passes = 0
