@@ -5,11 +5,12 @@
   names another of ARCHITECTURES)
   (`tiny`: 6 layers, hidden 64, vocab 512, a forward of a few milliseconds on a CPU core;
   `qwen3-1.7b`: Qwen3-1.7B's shape, vocab 151936, for a GPU);
-- `save_random_drafters(target, folder)`: a DFlash and a Domino drafter with random weights,
-  written in the published layout (the z-lab / Huang2020 config fields: `block_size`,
+- `save_random_drafters(target, folder)`: a DFlash, a Domino and an EAGLE-3 drafter with random
+  weights, written in the published layouts (the z-lab / Huang2020 config fields: `block_size`,
   `dflash_config.{mask_token_id, target_layer_ids}`, `projector_type: domino`, `gru_hidden_dim`,
-  `emb_dim`, `pure_draft_prefix_len: 1`, `shift_label: true`, and their tensor names), so they
-  load through the same code as a hub checkpoint;
+  `emb_dim`, `pure_draft_prefix_len: 1`, `shift_label: true`, and their tensor names; EAGLE-3's
+  SpecForge config with a draft vocabulary half the target's), so they load through the same code
+  as a hub checkpoint;
 - `build_method(name, target, folder)`: a method at its config defaults, with those drafters, an
   early-exit drafter at half depth for the drafter-verifier methods and a routing mask that
   skips every third layer for the slim ones.
@@ -52,7 +53,7 @@ ARCHITECTURES = {
 }
 
 METHODS = ("ar", "pld", "lookahead", "self_draft", "ptd", "ptd_forest", "sd", "sd_slim", "spec_cascade", "via_sd",
-           "dflash", "ddtree", "caddtree", "domino", "dominotree", "dominotree_reference")
+           "dflash", "ddtree", "caddtree", "domino", "dominotree", "dominotree_reference", "eagle3")
 LOSSLESS = tuple(m for m in METHODS if m not in ("spec_cascade", "via_sd"))
 
 
@@ -121,7 +122,30 @@ def save_random_drafters(target: TargetModel, folder: Path, shape: str = "tiny",
         path = Path(folder) / kind
         save_drafter(model, path, dtype=target.dtype)
         dirs[kind] = str(path)
+    dirs["eagle3"] = save_random_eagle3(target, Path(folder) / "eagle3", seed)
     return dirs
+
+
+def save_random_eagle3(target: TargetModel, path: Path, seed: int = 0) -> str:
+    from decoding.drafting.eagle3_drafter import Eagle3Drafter, Eagle3Spec, save_eagle3, vocab_mapping
+
+    cfg = target.config
+    spec = Eagle3Spec(hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+                      num_attention_heads=cfg.num_attention_heads, num_key_value_heads=cfg.num_key_value_heads,
+                      vocab_size=cfg.vocab_size, draft_vocab_size=cfg.vocab_size // 2,
+                      target_hidden_size=cfg.hidden_size, head_dim=cfg.head_dim,
+                      rope_theta=float(getattr(cfg, "rope_theta", None) or 1_000_000.0),
+                      aux_layer_ids=[1, cfg.num_hidden_layers // 2 - 1, cfg.num_hidden_layers - 2])
+    torch.manual_seed(seed + 2)
+    with torch.device(target.device):
+        model = Eagle3Drafter(spec)
+    with torch.no_grad():
+        for p in model.parameters():
+            torch.nn.init.normal_(p, std=0.3 / p.shape[-1] ** 0.5 * 8) if p.dim() == 2 else p.uniform_(0.5, 1.5)
+    model.d2t, model.t2d = (t.to(target.device) for t in vocab_mapping(torch.arange(cfg.vocab_size) % 5,
+                                                                         spec.draft_vocab_size))
+    save_eagle3(model, path, dtype=target.dtype)
+    return str(path)
 
 
 def build_method(name: str, target: TargetModel, folder: Path, shape: str = "tiny", **overrides):
@@ -138,7 +162,7 @@ def build_method(name: str, target: TargetModel, folder: Path, shape: str = "tin
     if not mask.exists():
         save_mask(mask, list(range(1, layers - 1, 3)), num_layers=layers, model="random")
     drafters = folder / "drafters"
-    if not (drafters / "domino" / "config.json").exists():
+    if not (drafters / "eagle3" / "config.json").exists():
         save_random_drafters(target, drafters, shape)
     configs = method_configs()
     base = {"ptd_forest": "ptd", "sd_slim": "sd", "dominotree_reference": "dominotree"}.get(name, name)
@@ -158,6 +182,8 @@ def build_method(name: str, target: TargetModel, folder: Path, shape: str = "tin
         fields.setdefault("drafter", str(drafters / "domino"))
     if base == "via_sd":
         fields.setdefault("mask", str(mask))
+    if base == "eagle3":
+        fields.setdefault("drafter", str(drafters / "eagle3"))
     cfg = configs[base](**fields)
     cls = get_class(cfg._target_)
     if getattr(cls, "uses_drafter", False):
@@ -210,16 +236,19 @@ class ForwardTimer:
 
     def __enter__(self) -> "ForwardTimer":
         from decoding.drafting.dflash_drafter import DFlashDrafter
+        from decoding.drafting.eagle3_drafter import Eagle3Drafter
 
-        self._saved = (TargetModel._run, DFlashDrafter.forward)
+        self._saved = (TargetModel._run, DFlashDrafter.forward, Eagle3Drafter.step)
         TargetModel._run = self.wrap(TargetModel._run)
         DFlashDrafter.forward = self.wrap(DFlashDrafter.forward)
+        Eagle3Drafter.step = self.wrap(Eagle3Drafter.step)
         return self
 
     def __exit__(self, *exc) -> None:
         from decoding.drafting.dflash_drafter import DFlashDrafter
+        from decoding.drafting.eagle3_drafter import Eagle3Drafter
 
-        TargetModel._run, DFlashDrafter.forward = self._saved
+        TargetModel._run, DFlashDrafter.forward, Eagle3Drafter.step = self._saved
 
 
 def host_overhead(method, target: TargetModel, prompts: list[list[int]], max_new_tokens: int,
