@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from decoding.drafting.dflash_drafter import RMSNorm, resolve_location, rotate
+from decoding.drafting.dflash_drafter import MLP, RMSNorm, resolve_location, rotate  # the same SwiGLU and norms
 from pipeline.errors import ConfigError
 
 
@@ -141,17 +141,6 @@ class Attention(nn.Module):
         return self.o_proj(out[0].transpose(0, 1).reshape(n, -1)), k, v
 
 
-class MLP(nn.Module):
-    def __init__(self, spec: Eagle3Spec):
-        super().__init__()
-        self.gate_proj = nn.Linear(spec.hidden_size, spec.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(spec.hidden_size, spec.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(spec.intermediate_size, spec.hidden_size, bias=False)
-
-    def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
 class MidLayer(nn.Module):
     def __init__(self, spec: Eagle3Spec):
         super().__init__()
@@ -183,8 +172,8 @@ class Eagle3Drafter(nn.Module):
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.lm_head = nn.Linear(spec.hidden_size, spec.draft_vocab_size, bias=False)
         self.register_buffer("d2t", torch.zeros(spec.draft_vocab_size, dtype=torch.long))
-        self.register_buffer("t2d", torch.ones(spec.vocab_size, dtype=torch.bool)
-                             if spec.draft_vocab_size == spec.vocab_size else torch.zeros(spec.vocab_size, dtype=torch.bool))
+        same_vocab = spec.draft_vocab_size == spec.vocab_size
+        self.register_buffer("t2d", torch.full((spec.vocab_size,), same_vocab, dtype=torch.bool))
         self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size) if with_embeddings else None
         inv_freq = 1.0 / spec.rope_theta ** (torch.arange(0, spec.head_dim, 2, dtype=torch.float32) / spec.head_dim)
         self.register_buffer("inv_freq", inv_freq, persistent=False)

@@ -29,7 +29,8 @@ class DataConfig:
 
 @dataclass
 class DrafterTrainConfig:
-    kind: str = "dflash"  # dflash | domino (Domino head + backbone fine-tuned from a DFlash checkpoint) | exit_head | eagle3
+    # dflash | domino (Domino head + backbone fine-tuned from a DFlash checkpoint) | exit_head | eagle3
+    kind: str = "dflash"
     out_dir: str = "drafters/${model.name}/${.kind}"  # published-format safetensors + config.json
     state_dir: str = "outputs/drafter_train/${model.name}/${.kind}"  # resumable optimizer state
     init_from: Optional[str] = None  # domino: the DFlash checkpoint to start from

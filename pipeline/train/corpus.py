@@ -71,7 +71,7 @@ QUESTION_ASKS = ("Write one question a curious student might ask about {t}. Repl
 @dataclass
 class CorpusConfig:
     out_dir: str = "outputs/corpus/${model.name}"
-    num_prompts: int = 11000  # every offline prompt (~8.2k) plus the self-written questions: ~2 M answer tokens at ~180 per answer
+    num_prompts: int = 11000  # every offline prompt (~8.2k) + the self-written ones: ~2 M tokens at ~180 per answer
     max_new_tokens: int = 256
     batch_size: int = 32  # batched generate in bf16: far cheaper per token than batch 1
     self_questions: int = 3000  # prompts of the "self" source, written by the model in a first stage
@@ -224,7 +224,8 @@ def bundle(out_dir: Path, samples: list[dict], vocab_size: int) -> Path:
     """corpus.npz: every sample's token ids (uint16 where they fit), lengths and source, compressed."""
     dtype = np.uint16 if vocab_size <= 65536 else np.int32
     path = out_dir / "corpus.npz"
-    np.savez_compressed(path.with_suffix(".tmp.npz"), ids=np.concatenate([s["ids"].numpy().astype(dtype) for s in samples]),
+    ids = np.concatenate([s["ids"].numpy().astype(dtype) for s in samples])
+    np.savez_compressed(path.with_suffix(".tmp.npz"), ids=ids,
                         lengths=np.array([[s["prompt_len"], len(s["ids"]) - s["prompt_len"]] for s in samples],
                                          dtype=np.int32),
                         sources=np.array([s["source"] for s in samples]))
@@ -238,7 +239,8 @@ def load_corpus(location: str) -> list[dict]:
     bundled = path if path.suffix == ".npz" else path / "corpus.npz"
     paths = [bundled] if bundled.is_file() else sorted(path.glob("shard_*.npz"))
     if not paths:
-        raise ConfigError(f"corpus {location}: no corpus.npz and no shard_*.npz (build it: python -m pipeline.train.corpus)")
+        raise ConfigError(f"corpus {location}: no corpus.npz and no shard_*.npz "
+                          "(build it: python -m pipeline.train.corpus)")
     try:
         return read_shards(paths)
     except (OSError, KeyError, ValueError) as err:

@@ -22,20 +22,18 @@ like the others (the reference leaves it unshifted).
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import time
-from pathlib import Path
 
 import torch
 
-from decoding.drafting.eagle3_drafter import Eagle3Drafter, Eagle3Spec, default_aux_layer_ids, save_eagle3, vocab_mapping
+from decoding.drafting.eagle3_drafter import (Eagle3Drafter, Eagle3Spec, default_aux_layer_ids, save_eagle3,
+                                             vocab_mapping)
 from pipeline.errors import ConfigError
-from pipeline.models import load_model
 from pipeline.train.config import TrainConfig
-from pipeline.train.trainer import (_rope_theta, learning_rate, make_wandb, progress_bar, resume_state, save_state,
-                                    training_samples)
+from pipeline.train.trainer import (learning_rate, make_wandb, progress_bar, publish, resume_state, _rope_theta,
+                                    save_state, start_run, training_samples)
 
 log = logging.getLogger(__name__)
 
@@ -146,10 +144,7 @@ def validate(drafter, embed, unembed, target, samples, d) -> dict:
 
 def train_eagle3(cfg: TrainConfig, run_config: dict, show_progress: bool = True) -> dict:
     d = cfg.drafter
-    state_dir, out_dir = Path(d.state_dir), Path(d.out_dir)
-    state_dir.mkdir(parents=True, exist_ok=True)
-    target, tokenizer = load_model(cfg.model)
-    target.requires_grad_(False)
+    state_dir, out_dir, target, tokenizer = start_run(cfg)
     layers = target.config.num_hidden_layers
     layer_ids = list(d.eagle_layer_ids) or default_aux_layer_ids(layers)
     if max(layer_ids) >= layers:
@@ -216,9 +211,4 @@ def train_eagle3(cfg: TrainConfig, run_config: dict, show_progress: bool = True)
                "tokens": sum(len(s["ids"]) for s in samples), "layer_ids": layer_ids,
                "draft_vocab_size": model.spec.draft_vocab_size, "ttt_length": d.ttt_length,
                **{k: round(v, 4) for k, v in final.items()}}
-    (out_dir / "training.json").write_text(json.dumps(summary, indent=2))
-    if wb is not None:
-        wb.summary.update(summary)
-        wb.finish()
-    log.info("trained eagle3: %s", summary)
-    return summary
+    return publish(summary, out_dir, wb)

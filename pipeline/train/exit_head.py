@@ -16,21 +16,18 @@ and E[sum min(p, q)] (acceptance per token of speculative sampling at T=1).
 
 from __future__ import annotations
 
-import json
 import logging
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from decoding.drafting.exit_head import ExitTranslator, save_exit_head
 from pipeline.errors import ConfigError
-from pipeline.models import load_model
 from decoding.engine.target import soft_cap
 from pipeline.train.config import TrainConfig
-from pipeline.train.trainer import (learning_rate, make_wandb, progress_bar, resume_state, save_state,
-                                    training_samples)
+from pipeline.train.trainer import (learning_rate, make_wandb, progress_bar, publish, resume_state, save_state,
+                                    start_run, training_samples)
 
 log = logging.getLogger(__name__)
 
@@ -81,10 +78,7 @@ def evaluate_head(readout: Readout, head, inputs, finals, chunk: int = 512) -> d
 
 def train_exit_head(cfg: TrainConfig, run_config: dict, show_progress: bool = True) -> dict:
     d = cfg.drafter
-    state_dir, out_dir = Path(d.state_dir), Path(d.out_dir)
-    state_dir.mkdir(parents=True, exist_ok=True)
-    target, tokenizer = load_model(cfg.model)
-    target.requires_grad_(False)
+    state_dir, out_dir, target, tokenizer = start_run(cfg)
     if not 1 <= d.exit_layer < target.config.num_hidden_layers:
         raise ConfigError(f"drafter.exit_layer={d.exit_layer}: model {cfg.model.name} has "
                           f"{target.config.num_hidden_layers} layers (the exit must be before the last)")
@@ -144,9 +138,4 @@ def train_exit_head(cfg: TrainConfig, run_config: dict, show_progress: bool = Tr
     summary = {"kind": d.kind, "exit_layer": d.exit_layer, "steps": step, "train_minutes": round(elapsed / 60, 1),
                "train_positions": len(train_in), "val_positions": len(val_in),
                **{k: round(v, 4) for k, v in (final | baseline).items()}}
-    (out_dir / "training.json").write_text(json.dumps(summary, indent=2))
-    if wb is not None:
-        wb.summary.update(summary)
-        wb.finish()
-    log.info("trained exit head: %s", summary)
-    return summary
+    return publish(summary, out_dir, wb)

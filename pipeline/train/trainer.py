@@ -132,8 +132,8 @@ def training_samples(cfg: TrainConfig, target, tokenizer) -> list[dict]:
         if cfg.drafter.kind not in ("eagle3", "exit_head"):
             from pipeline.errors import ConfigError
 
-            raise ConfigError(f"data.corpus holds token ids only; drafter={cfg.drafter.kind} reads stored hidden states "
-                              "(use data.dir shards, or drafter=eagle3 / exit_head)")
+            raise ConfigError(f"data.corpus holds token ids only; drafter={cfg.drafter.kind} reads stored hidden "
+                              "states (use data.dir shards, or drafter=eagle3 / exit_head)")
         samples = load_corpus(cfg.data.corpus)
         random.Random(cfg.data.seed).shuffle(samples)
         return samples
@@ -172,6 +172,26 @@ def progress_bar(d, step: int, show: bool,
     return progress, progress.add_task("train", total=d.steps, completed=step, loss=0.0, acc=0.0)
 
 
+def start_run(cfg: TrainConfig):
+    """(state dir, output dir, frozen target, tokenizer) of a training run."""
+    d = cfg.drafter
+    state_dir, out_dir = Path(d.state_dir), Path(d.out_dir)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    target, tokenizer = load_model(cfg.model)
+    target.requires_grad_(False)
+    return state_dir, out_dir, target, tokenizer
+
+
+def publish(summary: dict, out_dir: Path, wb) -> dict:
+    """training.json next to the exported checkpoint, the W&B summary, one log line."""
+    (out_dir / "training.json").write_text(json.dumps(summary, indent=2))
+    if wb is not None:
+        wb.summary.update(summary)
+        wb.finish()
+    log.info("trained %s: %s", summary["kind"], summary)
+    return summary
+
+
 def make_wandb(cfg: TrainConfig, run_config: dict, state_dir: Path):
     if cfg.tracker.kind == "none":
         return None
@@ -194,12 +214,7 @@ def train(cfg: TrainConfig, run_config: dict, show_progress: bool = True) -> dic
         from pipeline.train.eagle3 import train_eagle3
 
         return train_eagle3(cfg, run_config, show_progress)
-    state_dir, out_dir = Path(d.state_dir), Path(d.out_dir)
-    state_dir.mkdir(parents=True, exist_ok=True)
-
-    target, tokenizer = load_model(cfg.model)
-    for p in target.parameters():
-        p.requires_grad_(False)
+    state_dir, out_dir, target, tokenizer = start_run(cfg)
     embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
 
     samples = training_samples(cfg, target, tokenizer)
@@ -257,9 +272,4 @@ def train(cfg: TrainConfig, run_config: dict, show_progress: bool = True) -> dic
     final = checkpoint(final=True)
     summary = {"kind": d.kind, "steps": step, "train_minutes": round(elapsed / 60, 1), "sequences": len(train_set),
                "tokens": sum(len(s["ids"]) for s in samples), **{k: round(v, 4) for k, v in final.items()}}
-    (out_dir / "training.json").write_text(json.dumps(summary, indent=2))
-    if wb is not None:
-        wb.summary.update(summary)
-        wb.finish()
-    log.info("trained %s: %s", d.kind, summary)
-    return summary
+    return publish(summary, out_dir, wb)
