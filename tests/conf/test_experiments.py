@@ -108,13 +108,14 @@ def test_a_bad_value_in_an_experiment_grid_is_one_line_before_anything_runs(tmp_
 
 def missing_offline_asset(experiment: str, method: str) -> str | None:
     """A method's shipped asset that is not in this tree yet: a trained drafter folder or a routing mask."""
+    from decoding.drafting.dflash_drafter import local_folder  # a folder, or one shipped in pipeline/assets
     from decoding.drafting.routing import mask_path
 
     root = Path(__file__).resolve().parents[2]
     with initialize_config_module(config_module="conf", version_base="1.3"):
         cfg = OmegaConf.to_object(compose("config", overrides=[f"+experiment={experiment}", f"method={method}"]))
     drafter = getattr(cfg.method, "drafter", None)
-    if isinstance(drafter, str) and not (Path(drafter).exists() or (root / drafter).exists()):
+    if isinstance(drafter, str) and local_folder(drafter) is None and not (root / drafter).exists():
         return f"drafter {drafter}"
     mask = getattr(cfg.method, "mask", None)
     if isinstance(mask, str) and not (mask_path(mask).exists() or (root / mask_path(mask)).exists()):
