@@ -4,7 +4,7 @@ On one GPU (default shape: Qwen3-1.7B's, random weights; a few minutes):
 1. every method (pipeline/zoo.py METHODS) at T=0 and T=1 on a few prompts: no crash, tokens/s,
    τ, host ms per step (wall minus network forwards), and at T=0 the tie diagnosis of every
    mismatch with AR (decoding/engine/ties.py): a lossless method may leave AR only at near-ties;
-2. DominoTree's fast builder (device tables; on CUDA the per-node step is a CUDA graph) against the
+2. DominoTree's fast builder (depth by depth; on CUDA each depth is a CUDA-graph replay) against the
    reference builder on the drafts of a real run: equal trees, and each builder's ms per tree;
 3. the forward-cost curve: ms of one forward of n rows (n = 1 .. 1024) on a 512-token cache.
 The drafters are random too, in the published layout (z-lab DFlash / Huang2020 Domino config
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from decoding.drafting.domino_scorer import FastScorer, ReferenceScorer
+from decoding.drafting.domino_scorer import LevelBuilder, ReferenceScorer
 from decoding.drafting.draft_tree import build_best_first
 from decoding.engine.ties import diagnose
 from pipeline.errors import one_line
@@ -97,11 +97,14 @@ def compare_builders(target, folder, shape, prompt_ids, max_new_tokens) -> dict:
         for kind in ("fast", "reference"):
             sync(target.device)
             t0 = time.perf_counter()
-            scorer = FastScorer(method.drafter, method.head, method.embed, draft.hidden, draft.logits, cfg.node_topk,
-                                cfg.corr_topm, cfg.num_nodes, graph_holder=graphs) if kind == "fast" else \
-                ReferenceScorer(method.drafter, method.head, method.embed, draft.hidden, draft.logits, cfg.node_topk,
-                                cfg.corr_topm)
-            built[kind] = build_best_first(root, scorer, cfg.num_nodes, max_depth=len(draft.logits))
+            if kind == "fast":
+                built[kind] = LevelBuilder(method.drafter, method.head, method.embed, draft.hidden, draft.logits,
+                                           cfg.node_topk, cfg.corr_topm, graph_holder=graphs).build(
+                    root, cfg.num_nodes, max_depth=len(draft.logits))
+            else:
+                scorer = ReferenceScorer(method.drafter, method.head, method.embed, draft.hidden, draft.logits,
+                                         cfg.node_topk, cfg.corr_topm)
+                built[kind] = build_best_first(root, scorer, cfg.num_nodes, max_depth=len(draft.logits))
             sync(target.device)
             if i:  # round 0 captures the CUDA graph: not timed
                 times[kind].append(time.perf_counter() - t0)
@@ -109,7 +112,7 @@ def compare_builders(target, folder, shape, prompt_ids, max_new_tokens) -> dict:
             built["fast"].tree.parents == built["reference"].tree.parents
         equal = equal and same
     ms = {k: round(1000 * sum(v) / max(1, len(v)), 3) for k, v in times.items()}
-    return {"rounds": len(recorded), "equal_trees": equal, "cuda_graph": "step" in graphs,
+    return {"rounds": len(recorded), "equal_trees": equal, "cuda_graph": "level" in graphs,
             "fast_ms_per_tree": ms["fast"], "reference_ms_per_tree": ms["reference"]}
 
 

@@ -37,15 +37,15 @@ def build_domino_modules(spec) -> tuple[nn.GRU, nn.Sequential]:
 
 
 def gru_cell(gi: torch.Tensor, h: torch.Tensor, w_hh_t: torch.Tensor) -> torch.Tensor:
-    """torch.nn.GRU's cell without biases, written out: from the input projection gi = W_ih x [3G],
-    the state h [G] and W_hh^T [G, 3G]; the reset and update gates share one sigmoid. Used by the
-    chain and both tree builders, on every device (nn.GRU on CUDA goes through cuDNN, whose RNNs
-    default to TF32)."""
+    """torch.nn.GRU's cell without biases, written out: from the input projection gi = W_ih x [..., 3G],
+    the state h [..., G] and W_hh^T [G, 3G] (one state or a batch of them); the reset and update gates
+    share one sigmoid. Used by the chain and both tree builders, on every device (nn.GRU on CUDA goes
+    through cuDNN, whose RNNs default to TF32)."""
     g = h.shape[-1]
     gh = h @ w_hh_t
-    ru = torch.sigmoid(gi[:2 * g] + gh[:2 * g])
-    n = torch.tanh(gi[2 * g:] + ru[:g] * gh[2 * g:])
-    return n + ru[g:] * (h - n)
+    ru = torch.sigmoid(gi[..., :2 * g] + gh[..., :2 * g])
+    n = torch.tanh(gi[..., 2 * g:] + ru[..., :g] * gh[..., 2 * g:])
+    return n + ru[..., g:] * (h - n)
 
 
 def gru_path_state(gru: nn.GRU, embeds: torch.Tensor) -> torch.Tensor:

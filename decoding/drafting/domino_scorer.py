@@ -9,12 +9,12 @@ d + 1 are scored with the Domino correction given that state:
 Backbone hidden states z and base logits come from the one drafting pass and are shared.
 
 Two implementations, which must build identical trees:
-- `ReferenceScorer`: the straightforward per-node computation (the GRU cell, embed_proj's modules).
-- `FastScorer`: per-round tables on the model's device (top-M ids, W2 rows, base values, the
-  z-part of W1 and the GRU input projection of every candidate token), node states in one device
-  buffer, and one device->host copy per expanded node (the heap needs the K scores). On CUDA the
-  per-node math is captured once in a CUDA graph whose static table buffers each round refills,
-  and replayed per node (written for GPUs, not exercised on this CPU-only machine).
+- `ReferenceScorer`: the straightforward per-node computation (the GRU cell, embed_proj's modules),
+  an `expand` for the best-first heap, node by node, as the reference repository builds it;
+- `LevelBuilder` (`builder=fast`): the same tree built depth by depth, every node of a depth in one
+  batched step from per-round tables on the model's device, one host read per depth; on CUDA each
+  depth is one CUDA-graph replay (written for GPUs, not exercised on this CPU-only machine). The
+  reference's own GPU builder replays a graph and reads the host once per node (16 per tree).
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ from __future__ import annotations
 import torch
 
 from decoding.drafting.domino_head import correction, gru_cell
+from decoding.engine.transfer import to_host
+from decoding.engine.tree import TokenTree
 
 
 class ReferenceScorer:
@@ -51,111 +53,176 @@ class ReferenceScorer:
         return cand[local].tolist(), values.tolist()
 
 
-def expand_step(gi, h, depth_index, z_proj, base_c, w2_c, w1_state, w_hh_t, k: int):
-    """One expanded node: its GRU state, then the top-K of its corrected children over the depth's
-    candidates -> (state, log-probs, local candidate indices). Shapes never change, so on CUDA this
-    is what the graph captures."""
-    state = gru_cell(gi, h, w_hh_t)
-    mid = torch.nn.functional.silu(z_proj.index_select(0, depth_index)[0] + w1_state @ state)
-    scores = base_c.index_select(0, depth_index)[0] + w2_c.index_select(0, depth_index)[0] @ mid
-    values, local = torch.topk(torch.log_softmax(scores, -1), min(k, scores.shape[-1]))
-    return state, values, local
+NEG_INF = float("-inf")
 
 
-class StepGraph:
-    """CUDA graph of `expand_step` with static buffers, captured once per drafter and reused every
-    round: a round copies its tables in (`load`), each expansion copies gi/h/depth in and replays."""
+def level_step(h, score, best, z_proj, base_c, w2_c, gi_cand, cand, w_s_t, w_hh_t, k: int):
+    """One depth of the level builder, for W lanes of parents (dead lanes score -inf): their corrected
+    children (top-K over the depth's M candidates), the running best-W scores of every node found so
+    far, and the next depth's lanes: the best W children whose score reaches that running W-th best
+    (no node below it can be among the tree's W best), with their GRU states. Shapes never depend
+    on the data, so on CUDA this is what one graph captures.
+    -> (child scores [W*K] f64, child ids [W*K], lanes' source child [W], next scores [W] f64,
+        next states [W, G], best [W] f64, number of live next lanes)"""
+    lanes = h.shape[0]
+    mid = torch.nn.functional.silu(torch.addmm(z_proj, h, w_s_t))  # [W, E]
+    logp = torch.log_softmax(torch.addmm(base_c, mid, w2_c.t()), -1)  # [W, M]
+    values, local = torch.topk(logp, k, dim=-1)  # [W, K]
+    return select_lanes(h, score, best, values, local, gi_cand, cand, w_hh_t, lanes)
 
-    def __init__(self, z_proj, base_c, w2_c, w1_state, w_hh_t, k: int):
-        self.tables = [t.clone() for t in (z_proj, base_c, w2_c)]
-        self.gi = torch.zeros(w_hh_t.shape[1], device=w_hh_t.device, dtype=w_hh_t.dtype)
-        self.h = torch.zeros(w_hh_t.shape[0], device=w_hh_t.device, dtype=w_hh_t.dtype)
-        self.depth = torch.zeros(1, dtype=torch.long, device=w_hh_t.device)
-        args = (self.gi, self.h, self.depth, *self.tables, w1_state, w_hh_t, k)
+
+def select_lanes(h, score, best, values, local, gi_cand, cand, w_hh_t, lanes: int):
+    k = values.shape[-1]
+    child = (score[:, None] + values.double()).reshape(-1)  # cumulative log-probs, float64 as the heap's sums
+    flat_local = local.reshape(-1)
+    best = torch.topk(torch.cat([best, child]), lanes).values
+    top = torch.topk(child, lanes)  # sorted best first; ties keep the lower index (lane, then rank)
+    keep = top.values >= best[-1:].clamp(min=-1e300)  # a dead lane (-inf) never reaches a finite threshold
+    chosen = flat_local.index_select(0, top.indices)
+    next_h = gru_cell(gi_cand.index_select(0, chosen), h.index_select(0, top.indices // k), w_hh_t)
+    return (child, cand.index_select(0, flat_local), top.indices, torch.where(keep, top.values, NEG_INF), next_h,
+            best, keep.sum())
+
+
+class LevelGraph:
+    """CUDA graph of `level_step` with static buffers, captured once per drafter and lane count and
+    replayed for every depth of every round; a depth copies its tables and the lanes in first."""
+
+    def __init__(self, args, k: int):
+        self.inputs = [a.clone() for a in args[:-2]]  # h, score, best and the depth's tables
+        self.w_s_t, self.w_hh_t, self.k = args[-2], args[-1], k
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            expand_step(*args)  # warm-up outside the graph
+            level_step(*self.inputs, self.w_s_t, self.w_hh_t, k)  # warm-up outside the graph
         torch.cuda.current_stream().wait_stream(stream)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
-            self.out = expand_step(*args)
+            self.out = level_step(*self.inputs, self.w_s_t, self.w_hh_t, k)
 
-    def fits(self, z_proj, base_c, w2_c) -> bool:
-        return all(a.shape == b.shape for a, b in zip(self.tables, (z_proj, base_c, w2_c)))
+    def fits(self, args) -> bool:
+        return all(a.shape == b.shape for a, b in zip(self.inputs, args))
 
-    def load(self, z_proj, base_c, w2_c) -> None:
-        for static, table in zip(self.tables, (z_proj, base_c, w2_c)):
-            static.copy_(table)
-
-    def __call__(self, gi, h, depth_index):
-        self.gi.copy_(gi)
-        self.h.copy_(h)
-        self.depth.copy_(depth_index)
+    def __call__(self, *args):
+        for static, value in zip(self.inputs, args[:-2]):
+            static.copy_(value)
         self.graph.replay()
         return self.out
 
 
-class FastScorer:
-    @torch.inference_mode()
-    def __init__(self, drafter, head, embed, z: torch.Tensor, base: torch.Tensor, k: int, m: int, max_nodes: int,
-                 graph_holder: dict | None = None):
-        """`head`: the drafter's Float32Head; every table is fp32, like the reference builder's math.
-        `graph_holder`: a dict kept by the caller across rounds; on CUDA it holds the StepGraph."""
-        gru = head.gru
-        self.prefix, self.k = drafter.spec.pure_draft_prefix_len, k
-        z = z.float()
-        dev, dt = z.device, torch.float32
-        depths = base.shape[0]
-        m = min(m, base.shape[-1])
-        # per-round tables
-        self.cand = torch.topk(base, m, dim=-1).indices  # [D, M]
-        self.depth_ids = torch.arange(depths, device=dev)
-        self.base_c = torch.gather(base, 1, self.cand)  # [D, M] float32
-        self.z_proj = z @ head.w_z.t()  # [D, E]
-        self.w1_state = head.w_s  # [E, G]
-        self.w2_c = head.w2[self.cand]  # [D, M, E] fp32
-        self.w_hh_t, self.w_ih = head.w_hh_t, gru.weight_ih_l0  # W_hh^T [G, 3G], W_ih [3G, H]
-        self.gi_cand = embed(self.cand).float() @ self.w_ih.t()  # [D, M, 3G]: GRU input projection per candidate
-        p = min(self.prefix, depths)
-        prefix_vals, prefix_ids = torch.topk(torch.log_softmax(base[:p].float(), -1), k, dim=-1)  # [p, K]
-        self.gi_prefix = embed(prefix_ids).float() @ self.w_ih.t()  # [p, K, 3G]
-        self.prefix_host = (prefix_ids.tolist(), prefix_vals.tolist())  # one copy per round
-        self.embed = embed
-        self.states = torch.zeros(max_nodes + 1, gru.hidden_size, device=dev, dtype=dt)
-        # node -> (its children's tokens, [K, 3G] GRU input projections of those children)
-        self.children: dict[int, tuple[list[int], torch.Tensor]] = {}
-        self.graph = None
-        if graph_holder is not None and dev.type == "cuda":
-            tables = (self.z_proj, self.base_c, self.w2_c)
-            graph = graph_holder.get("step")
-            if graph is None or not graph.fits(*tables):
-                graph = graph_holder["step"] = StepGraph(*tables, self.w1_state, self.w_hh_t, k)
-            graph.load(*tables)
-            self.graph = graph
+class LevelBuilder:
+    """DominoTree's conditional tree built depth by depth instead of node by node: the same tree as
+    `build_best_first` with `ReferenceScorer` (the W = budget nodes of highest cumulative corrected
+    log-probability; ties aside), in a few batched operations per depth instead of per node.
+
+    Why it is the same tree: a child's score is its parent's plus a log-probability <= 0, so the best
+    W nodes form a tree, and each depth holds at most W of them; the W-th best score among nodes
+    found so far never exceeds the final W-th best, so children below it can be dropped. Depth d
+    keeps the best W children of depth d - 1 that reach it (a node's children are its top-K), and
+    the build stops at the first depth where none does. Per depth one host read (the live lane
+    count); the tree itself is read once at the end. Per-round tables as before: top-M ids, W2 rows,
+    base values, the z-part of W1 and the GRU input projection of every candidate, on the model's
+    device, all head math in fp32; on CUDA each depth is one graph replay (`LevelGraph`)."""
 
     @torch.inference_mode()
-    def __call__(self, node: int, parent: int, token: int, depth: int) -> tuple[list[int], list[float]]:
-        if parent < 0:
-            gi = self.embed(torch.tensor([token], device=self.states.device)).float()[0] @ self.w_ih.t()
-            h = torch.zeros_like(self.states[0])
-        else:
-            tokens, rows = self.children[parent]
-            gi, h = rows[tokens.index(token)], self.states[parent]
-        if depth < self.prefix:
-            # uncorrected depth: the state is still needed for the grandchildren
-            self.states[node] = gru_cell(gi, h, self.w_hh_t)
-            ids, vals = self.prefix_host
-            self.children[node] = (ids[depth], self.gi_prefix[depth])
-            return ids[depth], vals[depth]
-        depth_index = self.depth_ids[depth:depth + 1]  # a view: no host->device copy per node
-        if self.graph is not None:
-            state, values, local = self.graph(gi, h, depth_index)
-        else:
-            state, values, local = expand_step(gi, h, depth_index, self.z_proj, self.base_c, self.w2_c,
-                                               self.w1_state, self.w_hh_t, self.k)
-        self.states[node] = state
-        packed = torch.stack([values.double(), self.cand[depth].index_select(0, local).double()]).tolist()  # one sync
-        tokens = [int(t) for t in packed[1]]
-        self.children[node] = (tokens, self.gi_cand[depth].index_select(0, local))
-        return tokens, packed[0]
+    def __init__(self, drafter, head, embed, z: torch.Tensor, base: torch.Tensor, k: int, m: int,
+                 graph_holder: dict | None = None):
+        """`head`: the drafter's Float32Head. `graph_holder`: a dict kept by the caller across rounds;
+        on CUDA it holds the captured LevelGraph."""
+        self.prefix, self.k, self.embed, self.head = drafter.spec.pure_draft_prefix_len, k, embed, head
+        depths, vocab = base.shape
+        self.k_prefix = min(k, vocab)
+        self.k = min(k, m, vocab)
+        m = min(m, vocab)
+        self.cand = torch.topk(base, m, dim=-1).indices  # [D, M]
+        self.base_c = torch.gather(base, 1, self.cand)  # [D, M] float32
+        self.z_proj = z.float() @ head.w_z.t()  # [D, E]
+        self.w2_c = head.w2[self.cand]  # [D, M, E] fp32
+        self.w_s_t, self.w_hh_t, self.w_ih_t = head.w_s.t(), head.w_hh_t, head.w_ih.t()
+        self.gi_cand = embed(self.cand).float() @ self.w_ih_t  # [D, M, 3G]
+        p = min(self.prefix, depths)
+        self.prefix_vals, self.prefix_ids = torch.topk(torch.log_softmax(base[:p].float(), -1), self.k_prefix, dim=-1)
+        self.gi_prefix = embed(self.prefix_ids).float() @ self.w_ih_t  # [p, K, 3G]
+        self.graphs = graph_holder if graph_holder is not None and z.device.type == "cuda" else None
+
+    def _depth(self, d: int, h, score, best):
+        if d < self.prefix:  # uncorrected depth: every lane has the same children
+            lanes = h.shape[0]
+            values = self.prefix_vals[d].expand(lanes, -1)
+            local = torch.arange(values.shape[-1], device=h.device).expand(lanes, -1)
+            return select_lanes(h, score, best, values, local, self.gi_prefix[d], self.prefix_ids[d], self.w_hh_t, lanes)
+        args = (h, score, best, self.z_proj[d], self.base_c[d], self.w2_c[d], self.gi_cand[d], self.cand[d],
+                self.w_s_t, self.w_hh_t)
+        if self.graphs is None:
+            return level_step(*args, self.k)
+        graph = self.graphs.get("level")
+        if graph is None or not graph.fits(args):
+            graph = self.graphs["level"] = LevelGraph(args, self.k)
+        return graph(*args)
+
+    @torch.inference_mode()
+    def build(self, root: int, budget: int, max_depth: int, admit=None):
+        """The tree of at most `budget` nodes below `root` (children at most `max_depth` deep), in the
+        order `build_best_first` pops them; `admit(n, score)` may stop it early, as there."""
+        from decoding.drafting.draft_tree import BuiltTree
+
+        dev, lanes = self.z_proj.device, budget
+        root_gi = self.embed(torch.tensor([root], device=dev)).float() @ self.w_ih_t  # [1, 3G]
+        h = gru_cell(root_gi, root_gi.new_zeros(1, self.w_hh_t.shape[0]), self.w_hh_t)
+        h = torch.cat([h, h.new_zeros(lanes - 1, h.shape[1])])
+        score = torch.full((lanes,), NEG_INF, dtype=torch.float64, device=dev)
+        score[0] = 0.0
+        best = torch.full_like(score, NEG_INF)
+        children, ids, sources = [], [], []
+        for d in range(max_depth):
+            child, child_ids, src, score, h, best, live = self._depth(d, h, score, best)
+            if self.graphs is not None:  # a graph's outputs are overwritten by the next depth
+                child, child_ids, src = child.clone(), child_ids.clone(), src.clone()
+            children.append(child)
+            ids.append(child_ids)
+            sources.append(src)
+            if d + 1 == max_depth or int(live) == 0:  # the one host read per depth
+                break
+        if not children:
+            return BuiltTree(TokenTree.root_only(root), [0.0])
+        # only nodes reaching the final W-th best can be in the tree: read those and the lanes, once
+        scores = torch.cat(children)
+        found = torch.nonzero((scores >= best[-1]) & (scores > NEG_INF)).reshape(-1)
+        found_at, found_scores, found_ids, lane_src = to_host(found, scores.index_select(0, found),
+                                                              torch.cat(ids).index_select(0, found), torch.cat(sources))
+        return self._assemble(root, [len(c) // lanes for c in children], lanes, found_at, found_scores, found_ids,
+                              lane_src, budget, admit)
+
+    @staticmethod
+    def _assemble(root, widths, lanes, found_at, found_scores, found_ids, lane_src, budget, admit):
+        """Nodes in best-first pop order (score, then depth, then lane and rank: a parent before its
+        children, siblings best first), each linked to its parent through the lane it was expanded in."""
+        from decoding.drafting.draft_tree import BuiltTree
+
+        offsets = [0]
+        for k in widths:
+            offsets.append(offsets[-1] + lanes * k)
+        order = sorted(range(len(found_at)), key=lambda i: (-found_scores[i], found_at[i]))
+        position = {}  # flat ledger index -> tree node
+        tokens, parents, scores = [root], [-1], [0.0]
+        stopped = False
+        for i in order:
+            if len(tokens) - 1 == budget:
+                break
+            if admit is not None and not admit(len(tokens) - 1, found_scores[i]):
+                stopped = True
+                break
+            flat = found_at[i]
+            d = next(j for j in range(len(widths)) if flat < offsets[j + 1])
+            if d == 0:
+                parent = 0
+            else:  # the lane this node's parent was expanded in, and that lane's source at depth d - 1
+                lane = (flat - offsets[d]) // widths[d]
+                parent = position.get(offsets[d - 1] + lane_src[(d - 1) * lanes + lane])
+                if parent is None:  # an exact tie cut the parent off: its child goes too
+                    continue
+            position[flat] = len(tokens)
+            tokens.append(found_ids[i])
+            parents.append(parent)
+            scores.append(found_scores[i])
+        return BuiltTree(TokenTree(tokens, parents), scores, stopped)

@@ -22,7 +22,7 @@ from typing import Optional
 
 from decoding.methods.block_draft import BlockDraftMethod
 from decoding.methods.caddtree import check_profile_grid, machine_cost_model
-from decoding.drafting.domino_scorer import FastScorer, ReferenceScorer
+from decoding.drafting.domino_scorer import LevelBuilder, ReferenceScorer
 from decoding.drafting.draft_tree import build_best_first, marginal_expand
 from decoding.engine.loop import DecodeState, Proposal
 from decoding.engine.target import TargetModel
@@ -41,7 +41,7 @@ class DominoTreeConfig:
     max_budget: int = 64  # cap of cond_adaptive
     node_topk: int = 8  # children per node (paper `--node-topk 8`)
     corr_topm: int = 64  # correction restricted to the top-M marginal candidates per depth (`--corr-topm 64`)
-    builder: str = "fast"  # fast (device tables, CUDA graph on GPU) | reference (per-node module calls)
+    builder: str = "fast"  # fast (depth by depth, batched; CUDA graph on GPU) | reference (node by node, heap)
     # cost-model profiling grid for cond_adaptive (see method=caddtree; null node counts = 0, 1, 2, 4, ...
     # up to max_budget)
     profile_node_counts: Optional[list[int]] = None
@@ -67,22 +67,22 @@ class DominoTree(BlockDraftMethod):
     def setup(self, target: TargetModel) -> None:
         super().setup(target)
         self.cost = machine_cost_model(self, target, self.config) if self.config.budget == "cond_adaptive" else None
-        self.graphs: dict = {}  # the fast builder's CUDA graph, captured once and replayed every round
+        self.graphs: dict = {}  # the fast builder's CUDA graph, captured once and replayed at every depth
 
     def propose(self, state: DecodeState) -> Proposal:
         cfg = self.config
         draft = self.draft_pass(state)
         cap = cfg.num_nodes if self.cost is None else cfg.max_budget
-        if cfg.scoring == "marginal":
-            expand = marginal_expand(draft.logits, cfg.node_topk)
-        elif cfg.builder == "reference":
-            expand = ReferenceScorer(self.drafter, self.head, self.embed, draft.hidden, draft.logits, cfg.node_topk,
-                                     cfg.corr_topm)
-        else:
-            expand = FastScorer(self.drafter, self.head, self.embed, draft.hidden, draft.logits, cfg.node_topk,
-                                cfg.corr_topm, cap, graph_holder=self.graphs)
         admit = None if self.cost is None else CostAwareStop(self.cost, self.target.cache_len)
-        built = build_best_first(state.root, expand, cap, max_depth=len(draft.logits), admit=admit)
+        if cfg.scoring == "conditional" and cfg.builder == "fast":
+            builder = LevelBuilder(self.drafter, self.head, self.embed, draft.hidden, draft.logits, cfg.node_topk,
+                                   cfg.corr_topm, graph_holder=self.graphs)
+            built = builder.build(state.root, cap, max_depth=len(draft.logits), admit=admit)
+        else:
+            expand = marginal_expand(draft.logits, cfg.node_topk) if cfg.scoring == "marginal" else \
+                ReferenceScorer(self.drafter, self.head, self.embed, draft.hidden, draft.logits, cfg.node_topk,
+                                cfg.corr_topm)
+            built = build_best_first(state.root, expand, cap, max_depth=len(draft.logits), admit=admit)
         if self.cost is not None:
             state.stats.add_extra("tree_nodes", built.tree.num_draft_nodes())
             state.stats.add_extra("budget_cap_hits", int(not built.stopped_early and built.tree.num_draft_nodes() == cap))

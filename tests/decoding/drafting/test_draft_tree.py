@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from decoding.drafting.domino_head import Float32Head, correction, gru_path_state
-from decoding.drafting.domino_scorer import FastScorer, ReferenceScorer
+from decoding.drafting.domino_scorer import LevelBuilder, ReferenceScorer
 from decoding.drafting.draft_tree import build_best_first, marginal_expand
 from decoding.drafting.verify_cost import CostAwareStop, VerifyCostModel, fit_monotone_convex
 
@@ -81,9 +81,9 @@ def test_conditional_tree_matches_brute_force_scoring_of_every_path(seed, tiny_d
 
     want = brute_force_tree(score_children, len(base), budget)
     head = Float32Head(drafter)
-    for scorer in (ReferenceScorer(drafter, head, embed, z, base, k, m),
-                   FastScorer(drafter, head, embed, z, base, k, m, budget)):
-        got = tree_paths(build_best_first(root, scorer, budget, max_depth=len(base)))
+    for built in (build_best_first(root, ReferenceScorer(drafter, head, embed, z, base, k, m), budget, len(base)),
+                  LevelBuilder(drafter, head, embed, z, base, k, m).build(root, budget, len(base))):
+        got = tree_paths(built)
         assert got.keys() == want.keys()
         for p in want:
             assert got[p] == pytest.approx(want[p], abs=1e-4)
@@ -99,9 +99,32 @@ def test_fast_builder_builds_exactly_the_reference_trees(seed, dtype, tiny_draft
     base = base.to(dtype).float()  # lm_head output of a bf16 model, read out in fp32
     head = Float32Head(drafter)
     ref = build_best_first(3, ReferenceScorer(drafter, head, embed, z, base, 8, 16), 24, max_depth=6)
-    fast = build_best_first(3, FastScorer(drafter, head, embed, z, base, 8, 16, 24), 24, max_depth=6)
+    fast = LevelBuilder(drafter, head, embed, z, base, 8, 16).build(3, 24, max_depth=6)
     assert fast.tree.tokens == ref.tree.tokens and fast.tree.parents == ref.tree.parents
     np.testing.assert_allclose(fast.scores, ref.scores, atol=1e-5)
+
+
+@pytest.mark.parametrize("prefix", [0, 1, 2])
+@pytest.mark.parametrize("peak", [1.0, 6.0])  # 6: peaked marginals, deep narrow trees (early stop is rare)
+@pytest.mark.parametrize("seed", range(3))
+def test_level_builder_equals_the_heap_with_any_prefix_budget_and_stop_rule(seed, peak, prefix, tiny_drafter):
+    """The depth-by-depth builder pops what the node-by-node heap pops: every uncorrected-prefix
+    length, shallow and deep trees, and a cost-aware stop that ends the tree before the budget."""
+    drafter, embed, z, base = domino_case(tiny_drafter, seed, vocab=40, depth=7)
+    drafter.spec.pure_draft_prefix_len = prefix
+    base = base * peak
+    head = Float32Head(drafter)
+    cost = VerifyCostModel([0, 8, 64], [0, 1000], [[1.0, 1.05, 3.0], [1.0, 1.05, 3.0]], draft_s=0.2)
+    for budget, admit in ((16, None), (40, None), (40, "cost")):
+        stop = (lambda: None) if admit is None else (lambda: CostAwareStop(cost, 100))  # the rule keeps state
+        ref = build_best_first(5, ReferenceScorer(drafter, head, embed, z, base, 4, 12), budget, max_depth=7,
+                               admit=stop())
+        fast = LevelBuilder(drafter, head, embed, z, base, 4, 12).build(5, budget, max_depth=7, admit=stop())
+        assert fast.tree.tokens == ref.tree.tokens and fast.tree.parents == ref.tree.parents
+        assert fast.stopped_early == ref.stopped_early
+        np.testing.assert_allclose(fast.scores, ref.scores, atol=1e-5)
+        if admit:
+            assert ref.stopped_early and ref.tree.num_draft_nodes() < budget  # the rule really cut the tree
 
 
 def test_conditional_scores_depend_on_the_path(tiny_drafter):
