@@ -72,17 +72,55 @@ def build_best_first(root: int, expand: Expand, budget: int, max_depth: int,
     return BuiltTree(TokenTree(tokens, parents), scores, stopped)
 
 
-def marginal_expand(logits: torch.Tensor, k: int) -> Expand:
-    """Path-independent children: row d of `logits` [D, V] scores the tokens at depth d + 1.
-    One device->host copy for the whole tree."""
-    logprobs = torch.log_softmax(logits.float(), dim=-1)
-    values, ids = torch.topk(logprobs, min(k, logits.shape[-1]), dim=-1)
-    width = values.shape[-1]
-    flat_values, flat_ids = to_host(values, ids)  # one device->host copy
-    values = [flat_values[d * width:(d + 1) * width] for d in range(len(logits))]
-    ids = [flat_ids[d * width:(d + 1) * width] for d in range(len(logits))]
+FIRST_READ = 32  # children per depth read at first; a tree that needs more reads more (rare)
 
-    def expand(_node: int, _parent: int, _token: int, depth: int) -> tuple[list[int], list[float]]:
-        return ids[depth], values[depth]
+
+class _Ranked:
+    """The best-first children of one depth as a sequence of length `width`, read from the device
+    in growing chunks: a large cap (CaDDTree's 1024) costs the host only the ranks a tree reaches."""
+
+    def __init__(self, rows: "MarginalRows", depth: int, values: bool):
+        self.rows, self.depth, self.values = rows, depth, values
+
+    def __len__(self) -> int:
+        return self.rows.width
+
+    def __getitem__(self, rank: int):
+        ids, vals = self.rows.ranked(self.depth, rank)
+        return (vals if self.values else ids)[rank]
+
+
+class MarginalRows:
+    def __init__(self, logits: torch.Tensor, k: int):
+        self.logprobs = torch.log_softmax(logits.float(), dim=-1)
+        self.width = min(k, logits.shape[-1])
+        self.read = min(self.width, max(FIRST_READ, 1))
+        values, ids = torch.topk(self.logprobs, self.read, dim=-1)
+        flat_values, flat_ids = to_host(values, ids)  # one device->host copy for the whole tree
+        r = self.read
+        self.host = [(flat_ids[d * r:(d + 1) * r], flat_values[d * r:(d + 1) * r]) for d in range(len(logits))]
+
+    def ranked(self, depth: int, rank: int) -> tuple[list[int], list[float]]:
+        ids, values = self.host[depth]
+        if rank >= len(ids):  # this depth needs more children than read so far: read twice as many
+            more = min(self.width, max(2 * len(ids), rank + 1))
+            top = torch.topk(self.logprobs[depth], more)
+            values, ids = to_host(top.values, top.indices)
+            self.host[depth] = (ids, values)
+        return self.host[depth]
+
+
+def marginal_expand(logits: torch.Tensor, k: int) -> Expand:
+    """Path-independent children: row d of `logits` [D, V] scores the tokens at depth d + 1, its top
+    `k` best first. One device->host copy of the first ranks of every depth; more only if a tree
+    reaches further down a depth's list."""
+    rows = MarginalRows(logits, k)
+    if rows.read == rows.width:  # every rank already read: plain lists
+        children = rows.host
+    else:
+        children = [(_Ranked(rows, d, False), _Ranked(rows, d, True)) for d in range(len(logits))]
+
+    def expand(_node: int, _parent: int, _token: int, depth: int):
+        return children[depth]
 
     return expand

@@ -162,11 +162,32 @@ class TriePool:
         LRU eviction walks the trie only when the root holds more than `cap` branches."""
         if not subtree:
             return
+        self._grown(root, self._merge(self._root(root, stamp), subtree, stamp, is_root=True))
+
+    def merge_leaves(self, root: int, tokens: list[int], stamp: int) -> None:
+        """`merge(root, {t: {} for t in tokens}, stamp)` without building the dict or recursing: the
+        common case of one-token continuations (recycled verification rows)."""
+        if not tokens:
+            return
+        kids, added = self._root(root, stamp)["kids"], 0
+        for tok in tokens:
+            child = kids.get(tok)
+            if child is None:
+                kids[tok] = {"kids": {}, "stamp": stamp}
+                added += 1
+            else:
+                child["stamp"] = stamp
+        self._grown(root, added)
+
+    def _root(self, root: int, stamp: int) -> dict:
         dst = self.roots.get(root)
         if dst is None:
             dst = self.roots[root] = self._node(stamp)
         dst["stamp"] = stamp  # stamps never decrease (the step counter)
-        self.leaves[root] = self.leaves.get(root, 0) + self._merge(dst, subtree, stamp, is_root=True)
+        return dst
+
+    def _grown(self, root: int, added: int) -> None:
+        self.leaves[root] = self.leaves.get(root, 0) + added
         if self.leaves[root] > self.cap:
             if self.deferred is None:
                 self.evict(root)

@@ -71,12 +71,33 @@ class VerifyCostModel:
     def verify_curve(self, context: int) -> np.ndarray:
         """Cv(n, ctx) for n = 0 .. max_nodes at one context: interpolated in n, and in context between
         the profiled lengths (clamped outside them)."""
-        n = np.arange(self.max_nodes + 1)
-        per_context = np.stack([np.interp(n, self.node_counts, curve) for curve in self.fitted])  # [C, N]
-        return _interp_rows(context, self.context_lengths, per_context)
+        return _interp_rows(context, self.context_lengths, self.per_context())
+
+    def per_context(self) -> np.ndarray:
+        """[C, max_nodes + 1]: every profiled context's fitted curve interpolated at every node count
+        (computed once; a tree's stopping rule then only blends two rows)."""
+        if getattr(self, "_per_context", None) is None:
+            n = np.arange(self.max_nodes + 1)
+            self._per_context = np.stack([np.interp(n, self.node_counts, curve) for curve in self.fitted])
+            self._rows = self._per_context.tolist()
+        return self._per_context
+
+    def curve_at(self, context: int):
+        """Cv(·, ctx) as a function of n, blending the two profiled contexts around ctx (clamped
+        outside them): what `verify_curve` gives, without building the whole curve per tree."""
+        self.per_context()
+        xs, rows = self.context_lengths, self._rows
+        if context <= xs[0] or len(xs) == 1:
+            return rows[0].__getitem__
+        if context >= xs[-1]:
+            return rows[-1].__getitem__
+        j = int(np.searchsorted(xs, context)) - 1
+        w = (context - xs[j]) / (xs[j + 1] - xs[j])
+        low, high = rows[j], rows[j + 1]
+        return lambda n: (1 - w) * low[n] + w * high[n]
 
     def to_json(self) -> dict:
-        return self.__dict__.copy()
+        return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
 
 
 def _interp_rows(x: float, xs: list[int], rows: np.ndarray) -> np.ndarray:
@@ -97,14 +118,14 @@ class CostAwareStop:
     def __init__(self, model: VerifyCostModel, context: int):
         self.model, self.context = model, context
         self.phi = 0.0
-        self.cost = (model.draft_s + model.verify_curve(context)).tolist()  # Cd + Cv(n, ctx), n = 0..max_nodes
-        self.theta = 1.0 / self.cost[0]
+        self.verify = model.curve_at(context)  # Cv(n, ctx)
+        self.theta = 1.0 / (model.draft_s + self.verify(0))
 
     def __call__(self, n: int, score: float) -> bool:
         if n + 1 > self.model.max_nodes:  # never admit a node the profile does not cover
             return False
         delta = math.exp(score)
-        theta_new = (1.0 + self.phi + delta) / self.cost[n + 1]
+        theta_new = (1.0 + self.phi + delta) / (self.model.draft_s + self.verify(n + 1))
         if theta_new <= self.theta:
             return False
         self.phi += delta

@@ -152,7 +152,7 @@ class PTD(Method):
         drafted: list[tuple[int, int]] = []  # (parent token, drafted token) of every row this forward grew
         if cfg.recycle:  # the verification rows' own top-`width` next tokens
             for tok, nxt in zip(tree.tokens, recycled):
-                self.pool.merge(tok, dict.fromkeys(nxt, {}), self.steps)
+                self.pool.merge_leaves(tok, nxt, self.steps)
                 drafted += [(tok, t) for t in nxt]
         if len(forest):
             children = (n for n in forest.nodes if n.parent >= 0)
@@ -171,25 +171,34 @@ class PTD(Method):
 
     def read_forward(self, result: StepResult):
         """What this step needs from the forward, with one host->device index copy and one
-        device->host copy: every row's top-`width` (token, value) under one log-softmax (the tree
-        rows' tokens are recycled, the forest leaves' expand the forest) and the forest edges'
-        log-probabilities under the new root. Returns (recycled tokens per tree row, edge
-        log-probabilities in forest order, {leaf: [(token, logp)] best first})."""
+        device->host copy: every row's top-`width` next tokens (the tree rows' are recycled, the
+        forest leaves' expand the forest, with their log-probabilities) and the forest edges'
+        log-probabilities under the new root. Log-probabilities only for the forest's rows (one
+        logsumexp per row, no full-vocabulary log-softmax over the tree rows). Returns (recycled
+        tokens per tree row, edge log-probabilities in forest order, {leaf: [(token, logp)] best first})."""
         cfg, forest = self.config, self.forest
-        n_tree, w = len(result.proposal.tree), cfg.width
-        if not cfg.recycle and not len(forest):
+        n_tree, n_forest, w = len(result.proposal.tree), len(forest), cfg.width
+        if not cfg.recycle and not n_forest:
             return [], [], {}
-        logp = torch.log_softmax(result.output.logits[:n_tree + len(forest)].float(), dim=-1)
-        top = torch.topk(logp, w, dim=-1)
-        reads = [top.values, top.indices]
-        kids = [n for n in forest.nodes if n.parent >= 0]
-        if kids:
-            index = to_device([[n_tree + n.parent for n in kids], [n.token for n in kids]], logp.device)
-            reads.append(logp[index[0], index[1]])
-        values, ids, *edges = to_host(*reads)
-        rows = [list(zip(ids[r * w:(r + 1) * w], values[r * w:(r + 1) * w])) for r in range(n_tree + len(forest))]
-        recycled = [[t for t, _ in row] for row in rows[:n_tree]] if cfg.recycle else []
-        proposals = {leaf: rows[n_tree + leaf] for leaf in forest.leaves()}
+        logits = result.output.logits[:n_tree + n_forest]
+        top = torch.topk(logits, w, dim=-1)  # the most probable next tokens: log-softmax keeps the order
+        reads = [top.indices]
+        if n_forest:
+            forest_logits = logits[n_tree:].float()
+            norm = torch.logsumexp(forest_logits, dim=-1)  # [F]: log-prob = logit - norm
+            reads.append(top.values[n_tree:].float() - norm[:, None])
+            kids = [n for n in forest.nodes if n.parent >= 0]
+            if kids:
+                index = to_device([[n.parent for n in kids], [n.token for n in kids]], logits.device)
+                reads.append(forest_logits[index[0], index[1]] - norm.index_select(0, index[0]))
+        ids, *values = to_host(*reads)
+        recycled = [ids[r * w:(r + 1) * w] for r in range(n_tree)] if cfg.recycle else []
+        proposals, edges = {}, []
+        if n_forest:
+            leaf_values, *edges = values
+            for leaf in forest.leaves():
+                first = (n_tree + leaf) * w
+                proposals[leaf] = list(zip(ids[first:first + w], leaf_values[leaf * w:(leaf + 1) * w]))
         return recycled, edges[0] if edges else [], proposals
 
 

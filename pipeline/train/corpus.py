@@ -195,6 +195,7 @@ def self_questions(model, tokenizer, cfg: CorpusConfig, out_dir: Path, stop_ids,
             text = tokenizer.decode(answer, skip_special_tokens=True).strip().split("\n")[0].strip()
             if text.endswith("?") and 20 <= len(text) <= 300 and text not in questions:
                 questions.append(text)
+        log.info("self-written questions: %d of %d after %d attempts", len(questions), cfg.self_questions, attempt)
     rng.shuffle(questions)
     path.write_text(json.dumps(questions, indent=1))
     return questions

@@ -51,6 +51,21 @@ def test_marginal_tree_is_the_top_budget_paths():
     assert built.tree.num_draft_nodes() == 12 and not built.stopped_early
 
 
+def test_marginal_tree_reads_more_ranks_when_a_depth_needs_them():
+    """A wide cap (CaDDTree's) reads only the first ranks of each depth; a flat distribution makes the
+    tree go past them, and the extra reads give the same tree as the brute force."""
+    from decoding.drafting import draft_tree
+
+    gen = torch.Generator().manual_seed(1)
+    logits = torch.randn(3, 100, generator=gen) * 0.1  # nearly flat: the root alone gets dozens of children
+    lp = torch.log_softmax(logits, -1)
+    built = build_best_first(99, marginal_expand(logits, 100), budget=90, max_depth=3)
+    want = brute_force_tree(lambda path: (list(range(100)), lp[len(path)].tolist()), 3, 90)
+    got = tree_paths(built)
+    assert got.keys() == want.keys()
+    assert len(built.tree.children[0]) > draft_tree.FIRST_READ  # the lazy read was needed
+
+
 def domino_case(make, seed: int, vocab=9, depth=4):
     drafter = make(vocab=vocab, domino=True, seed=seed)
     spec = drafter.spec

@@ -94,6 +94,27 @@ def test_pool_branch_counts_stay_exact_under_random_merges():
         assert pool.leaves[root] == len(pool.branches(root)) <= 5
 
 
+def test_merge_leaves_is_the_merge_of_one_token_continuations():
+    """The recycled rows' fast path leaves the pool (tries, stamps, counts, evictions) exactly as
+    `merge` with {t: {}} does, mixed with deeper merges."""
+    import random
+
+    rng = random.Random(1)
+    fast, slow = TriePool(cap=4), TriePool(cap=4)
+    for step in range(300):
+        root = rng.randrange(3)
+        if rng.random() < 0.5:
+            tokens = [rng.randrange(6) for _ in range(rng.randint(1, 3))]
+            fast.merge_leaves(root, tokens, step)
+            slow.merge(root, dict.fromkeys(tokens, {}), step)
+        else:
+            subtree = random_subtree(rng, rng.randint(1, 4), tokens=6, max_width=2)
+            fast.merge(root, subtree, step)
+            slow.merge(root, subtree, step)
+        assert fast.roots == slow.roots and fast.leaves == slow.leaves
+        assert fast.leaves[root] == len(fast.branches(root)) <= 4
+
+
 def test_subtree_extraction_gives_the_continuations_below_a_node():
     f = chain_forest([1, 2, 3])
     f.add(9, 0, birth=5)
