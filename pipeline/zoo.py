@@ -53,8 +53,8 @@ ARCHITECTURES = {
 }
 
 METHODS = ("ar", "pld", "lookahead", "self_draft", "ptd", "ptd_forest", "sd", "sd_slim", "spec_cascade", "via_sd",
-           "dflash", "ddtree", "caddtree", "domino", "dominotree", "dominotree_reference", "eagle3")
-LOSSLESS = tuple(m for m in METHODS if m not in ("spec_cascade", "via_sd"))
+           "via_sd_eagle3", "dflash", "ddtree", "caddtree", "domino", "dominotree", "dominotree_reference", "eagle3")
+LOSSLESS = tuple(m for m in METHODS if m not in ("spec_cascade", "via_sd", "via_sd_eagle3"))
 
 
 def mixed_prompts(count: int, high: int) -> list[list[int]]:
@@ -165,7 +165,8 @@ def build_method(name: str, target: TargetModel, folder: Path, shape: str = "tin
     if not (drafters / "eagle3" / "config.json").exists():
         save_random_drafters(target, drafters, shape)
     configs = method_configs()
-    base = {"ptd_forest": "ptd", "sd_slim": "sd", "dominotree_reference": "dominotree"}.get(name, name)
+    base = {"ptd_forest": "ptd", "sd_slim": "sd", "dominotree_reference": "dominotree",
+            "via_sd_eagle3": "via_sd"}.get(name, name)
     fields = dict(overrides)
     if name == "ptd_forest":  # the ablation's option, as conf/method/ptd_forest.yaml has it
         from omegaconf import OmegaConf
@@ -188,6 +189,7 @@ def build_method(name: str, target: TargetModel, folder: Path, shape: str = "tin
     cls = get_class(cfg._target_)
     if getattr(cls, "uses_drafter", False):
         drafter = DrafterConfig(kind="slim", mask=str(mask)) if name == "sd_slim" else \
+            DrafterConfig(kind="eagle3", checkpoint=str(drafters / "eagle3")) if name == "via_sd_eagle3" else \
             DrafterConfig(exit_layer=max(1, layers // 2))
         method = cls(cfg, drafter=drafter)
     else:

@@ -91,10 +91,10 @@ class _Ranked:
 
 
 class MarginalRows:
-    def __init__(self, logits: torch.Tensor, k: int):
+    def __init__(self, logits: torch.Tensor, k: int, first_read: int = FIRST_READ):
         self.logprobs = torch.log_softmax(logits.float(), dim=-1)
         self.width = min(k, logits.shape[-1])
-        self.read = min(self.width, max(FIRST_READ, 1))
+        self.read = min(self.width, max(first_read, 1))
         values, ids = torch.topk(self.logprobs, self.read, dim=-1)
         flat_values, flat_ids = to_host(values, ids)  # one device->host copy for the whole tree
         r = self.read
@@ -110,11 +110,11 @@ class MarginalRows:
         return self.host[depth]
 
 
-def marginal_expand(logits: torch.Tensor, k: int) -> Expand:
+def marginal_expand(logits: torch.Tensor, k: int, first_read: int = FIRST_READ) -> Expand:
     """Path-independent children: row d of `logits` [D, V] scores the tokens at depth d + 1, its top
-    `k` best first. One device->host copy of the first ranks of every depth; more only if a tree
-    reaches further down a depth's list."""
-    rows = MarginalRows(logits, k)
+    `k` best first. One device->host copy of the first `first_read` ranks of every depth (a tree of
+    n nodes uses at most n ranks of any depth); more only if a tree reaches further down a list."""
+    rows = MarginalRows(logits, k, first_read)
     if rows.read == rows.width:  # every rank already read: plain lists
         children = rows.host
     else:

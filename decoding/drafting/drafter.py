@@ -71,8 +71,8 @@ class Drafter:
     def on_prefill(self, output, prompt_ids: list[int]) -> None:
         """The target's prefill output (a feature drafter reads its taps); this one follows tokens only."""
 
-    def observe(self, result) -> None:
-        """A verified step (a feature drafter reads the accepted rows' taps)."""
+    def observe(self, result, sequence: list[int]) -> None:
+        """A verified step and the committed sequence after it (a feature drafter reads the accepted rows' taps)."""
 
     def _catch_up(self, sequence: list[int]) -> list[int]:
         """Drop cached tokens that left the sequence; return the tokens still to feed (root incl.)."""

@@ -6,6 +6,12 @@ speculative sampling stays lossless.
 Unlike the other drafters it reads the target's features: the method asks the target for the three
 layers at prefill and in every verification (`hidden_layers`) and hands the verified rows over
 (`on_prefill`, `observe`), exactly as `method=eagle3` keeps its cache (decoding/methods/eagle3.py).
+
+VIA-SD commits tokens its slim tier settles without running the full target, so they have no target
+features yet. The drafter then feeds them as it feeds its own drafts: each with the previous row's
+h in place of the target feature (scratch rows, like a draft's). When the full target next runs, it
+re-runs those tokens first (the engine's pending catch-up) and their taps (`pending_hidden`) replace
+the scratch rows by target-fed ones, so the cache only ever holds rows built from target features.
 """
 
 from __future__ import annotations
@@ -39,13 +45,21 @@ class Eagle3ChainDrafter:
 
     def begin(self, sequence: list[int]) -> None:
         self.cache = self.model.new_cache()
+        self.last_h = None  # h of the newest target-fed row: it drafts the token after the cache's last input
 
     def on_prefill(self, output, prompt_ids: list[int]) -> None:
         self.pending = (self._features(output.hidden, None), prompt_ids[1:])
 
-    def observe(self, result) -> None:
+    def observe(self, result, sequence: list[int]) -> None:
+        """A verified step; `sequence`: every committed token after it."""
         rows = result.verdict.path[:len(result.committed)]
-        self.pending = (self._features(result.output.hidden, rows), result.committed[:len(rows)])
+        features, next_tokens = self._features(result.output.hidden, rows), result.committed[:len(rows)]
+        caught_up = result.output.pending_hidden
+        if caught_up:  # tokens settled without the target, re-run in front of this block: theirs first
+            n = len(next(iter(caught_up.values())))
+            features = torch.cat([self._features(caught_up, None), features])
+            next_tokens = sequence[self.cache.length + 1:self.cache.length + 1 + n] + next_tokens
+        self.pending = (features, next_tokens)
 
     def _features(self, hidden: dict, rows) -> torch.Tensor:
         if not hidden:
@@ -59,12 +73,22 @@ class Eagle3ChainDrafter:
               need_dists: bool = True) -> tuple[list[int], torch.Tensor | None]:
         features, next_tokens = self.pending
         device = features.device
-        h = self.model.extend(self.cache, features, self.embed(to_device(next_tokens, device)))[-1:]
-        self.passes += 1
-        if not len(h):  # a one-token prompt: nothing to draft from yet
+        if len(features):
+            self.last_h = self.model.extend(self.cache, features, self.embed(to_device(next_tokens, device)))[-1:]
+            self.passes += 1
+            self.pending = (features[:0], [])
+        h = self.last_h
+        if h is None:  # a one-token prompt: nothing to draft from yet
             return [], torch.empty(0, self.vocab_size, device=device)
         sampler = sampler.for_device(device)
         past_k, past_v = self.cache.keys, self.cache.values
+        # committed tokens past the target-fed rows (settled by a slim verifier): fed like drafts, on own h
+        for i, tok in enumerate(sequence[self.cache.length + 1:]):
+            h, k, v = self.model.step(self.embed(to_device([tok], device)), h,
+                                      torch.full((1,), self.cache.length + i, device=device), past_k, past_v)
+            past_k, past_v = torch.cat([past_k, k], dim=1), torch.cat([past_v, v], dim=1)
+            self.passes += 1
+        start = past_k.shape[1]  # the drafts' first position
         tokens, dists = [], []
         for i in range(gamma):
             logits = self.model.logits(h)[0]
@@ -72,12 +96,14 @@ class Eagle3ChainDrafter:
             if need_dists or temperature > 0:
                 dist = torch.zeros(self.vocab_size, device=device).index_copy_(
                     0, self.draft_to_target, probabilities(logits, temperature))
-            tok = self.draft_to_target[logits.argmax()] if temperature <= 0 else sampler.categorical(dist)
+            # index_select with a one-element index: a 0-dim tensor index would read it on the host
+            tok = self.draft_to_target.index_select(0, logits.argmax().view(1))[0] if temperature <= 0 else \
+                sampler.categorical(dist)
             tokens.append(tok)
             dists.append(dist)
             if i + 1 < gamma:
-                h, k, v = self.model.step(self.embed(tok.view(1)), h, torch.full((1,), self.cache.length + i,
-                                                                                 device=device), past_k, past_v)
+                h, k, v = self.model.step(self.embed(tok.view(1)), h, torch.full((1,), start + i, device=device),
+                                          past_k, past_v)
                 past_k, past_v = torch.cat([past_k, k], dim=1), torch.cat([past_v, v], dim=1)
                 self.passes += 1
         drafted = to_host(torch.stack(tokens))[0]

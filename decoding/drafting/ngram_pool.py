@@ -55,16 +55,21 @@ class CorpusNGrams:
     `max_key_len` tokens -> the `top_k` most frequent next-`length`-token n-grams seen more than
     `min_count - 1` times; lookup backs off from the longest key to a single token."""
 
-    def __init__(self, token_ids: Sequence[int], length: int, max_key_len: int, top_k: int, min_count: int):
+    def __init__(self, token_ids: Sequence[int] | Sequence[Sequence[int]], length: int, max_key_len: int, top_k: int,
+                 min_count: int):
+        """`token_ids`: one token sequence, or several documents (no n-gram crosses from one to the next)."""
         from collections import Counter
 
+        documents = token_ids if len(token_ids) and not isinstance(token_ids[0], int) else [token_ids]
         self.max_key_len = max_key_len
         self.table: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
         for key_len in range(1, max_key_len + 1):
             counts: dict[tuple[int, ...], Counter] = {}
-            for i in range(len(token_ids) - key_len - length + 1):
-                key = tuple(token_ids[i:i + key_len])
-                counts.setdefault(key, Counter())[tuple(token_ids[i + key_len:i + key_len + length])] += 1
+            for ids in documents:
+                ids = list(ids)
+                for i in range(len(ids) - key_len - length + 1):
+                    key = tuple(ids[i:i + key_len])
+                    counts.setdefault(key, Counter())[tuple(ids[i + key_len:i + key_len + length])] += 1
             for key, counter in counts.items():
                 frequent = [g for g, c in counter.most_common(top_k) if c >= min_count]
                 if frequent:

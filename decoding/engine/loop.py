@@ -138,8 +138,8 @@ def forward_proposal(target: TargetModel, proposal: Proposal, pending: list[int]
     """One forward of the proposal's rows (tree, then aux). `pending` are committed tokens before
     the root whose KV the target does not hold yet (settled by a cheaper verifier); they go first
     as a causal chain that every row sees, so the same pass fills their KV. The returned rows
-    exclude them (row 0 = root). `active_layers` makes it a read-only slim pass (see TargetModel).
-    Tokens, positions and the visibility are assembled on the host (lists, numpy) and reach the
+    exclude them (row 0 = root); their hidden taps come back as `pending_hidden`. `active_layers`
+    makes it a read-only slim pass (see TargetModel). Tokens, positions and the visibility are assembled on the host (lists, numpy) and reach the
     device as two copies, whatever the block's size."""
     tree, n_pend = proposal.tree, len(pending)
     n_tree, n_aux = len(tree), len(proposal.aux_tokens)
@@ -158,7 +158,8 @@ def forward_proposal(target: TargetModel, proposal: Proposal, pending: list[int]
     out = target.forward(tokens, depths, visible, proposal.hidden_layers, active_layers=active_layers)
     if not n_pend:
         return out
-    return ForwardOutput(out.logits[n_pend:], {k: v[n_pend:] for k, v in out.hidden.items()})
+    return ForwardOutput(out.logits[n_pend:], {k: v[n_pend:] for k, v in out.hidden.items()},
+                         {k: v[:n_pend] for k, v in out.hidden.items()})
 
 
 def accept(state: DecodeState, tree: TokenTree, logits: torch.Tensor) -> Verdict:

@@ -38,6 +38,8 @@ from decoding.engine.tree import TokenTree
 class ForwardOutput:
     logits: torch.Tensor  # [n, V], float32
     hidden: dict[int, torch.Tensor] = field(default_factory=dict)  # layer id -> [n, H] (output of that decoder layer)
+    # taps of the committed tokens re-run in front of the block (the engine's pending catch-up), in order
+    pending_hidden: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
 def soft_cap(logits: torch.Tensor, cap: float | None) -> torch.Tensor:

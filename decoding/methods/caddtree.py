@@ -15,7 +15,7 @@ from typing import Optional
 import torch
 
 from decoding.methods.block_draft import BlockDraftMethod
-from decoding.drafting.draft_tree import build_best_first, marginal_expand
+from decoding.drafting.draft_tree import FIRST_READ, build_best_first, marginal_expand
 from decoding.engine.loop import DecodeState, Proposal
 from decoding.engine.target import TargetModel
 from decoding.drafting.verify_cost import (CostAwareStop, admissible_node_grid, cached_cost_model, machine_key,
@@ -86,11 +86,18 @@ class CaDDTree(BlockDraftMethod):
         super().setup(target)
         self.cost = machine_cost_model(self, target, self.config)
 
+    def begin(self, state: DecodeState) -> None:
+        super().begin(state)
+        self.last_nodes = 0
+
     def propose(self, state: DecodeState) -> Proposal:
         logits = self.draft_pass(state).logits
         cap = self.config.max_budget
-        built = build_best_first(state.root, marginal_expand(logits, cap), cap, max_depth=len(logits),
+        # trees change little from one round to the next: read as many ranks as the last one had nodes
+        expand = marginal_expand(logits, cap, first_read=max(FIRST_READ, 2 * self.last_nodes))
+        built = build_best_first(state.root, expand, cap, max_depth=len(logits),
                                  admit=CostAwareStop(self.cost, self.target.cache_len))
+        self.last_nodes = built.tree.num_draft_nodes()
         state.stats.add_extra("tree_nodes", built.tree.num_draft_nodes())
         state.stats.add_extra("budget_cap_hits", int(not built.stopped_early and built.tree.num_draft_nodes() == cap))
         return Proposal(built.tree, hidden_layers=self.taps)

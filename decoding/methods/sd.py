@@ -51,7 +51,7 @@ class SpeculativeDecoding(Method):
                         hidden_layers=self.drafter.hidden_layers)
 
     def observe(self, state: DecodeState, result) -> None:
-        self.drafter.observe(result)
+        self.drafter.observe(result, state.sequence)
 
     def finish(self, state: DecodeState) -> None:
         self.drafter.record(state.stats)

@@ -40,7 +40,10 @@ class SelfDraftConfig:
     context_cache_size: int = 10  # ContextCache max_val_len: n-grams per key (LRU)
     keep_num: int = 2  # main.py --keep-num: n-grams per key kept when the cache is cut between prompts
     flush_interval: int = 2  # main.py --flush-interval: prompts between cuts (0 = never cut)
-    corpus_path: Optional[str] = None  # text file for the static corpus cache (the repo ships OANC); None = off
+    # static corpus cache (the repo ships an OANC table we cannot fetch offline): a text file, or a self-distillation
+    # corpus bundle (corpus.npz of `python -m pipeline.train.corpus`: its answers' token ids, one document each;
+    # relative paths also resolve among the shipped assets, e.g. corpus/smollm2-135m/corpus.npz); None = off
+    corpus_path: Optional[str] = None
     corpus_max_key_len: int = 4  # main.py --max-key-len: corpus keys of 4..1 tokens (back-off)
     corpus_candidates: int = 3  # drafts.py retrieve_drafts: at most 3 corpus n-grams per step
     corpus_top_k: int = 20  # CorpusCache.sort_cache_by_freq(topk=20)
@@ -56,8 +59,24 @@ class SelfDraftConfig:
         check_range("method.keep_num", self.keep_num, 0)
         check_range("method.flush_interval", self.flush_interval, 0)
         check_range("method.corpus_candidates", self.corpus_candidates, 0)
-        if self.corpus_path is not None and not Path(self.corpus_path).expanduser().is_file():
+        if self.corpus_path is not None and corpus_file(self.corpus_path) is None:
             raise ConfigError(f"method.corpus_path={self.corpus_path!r}: file not found")
+
+
+def corpus_file(location: str) -> Path | None:
+    from pipeline.resources import ASSETS
+
+    return next((p for p in (Path(location).expanduser(), ASSETS / location) if p.is_file()), None)
+
+
+def corpus_documents(path: Path, tokenizer) -> list[list[int]]:
+    """The static cache's token sequences: a corpus bundle's answers (already the target's tokens), or
+    a text file tokenised as one document."""
+    if path.suffix == ".npz":
+        from pipeline.train.corpus import load_corpus
+
+        return [s["ids"][s["prompt_len"]:].tolist() for s in load_corpus(str(path))]
+    return [tokenizer.encode(path.read_text(encoding="utf-8", errors="replace"), add_special_tokens=False)]
 
 
 class SelfDraft(Method):
@@ -70,10 +89,8 @@ class SelfDraft(Method):
         self.prompts_begun = 0
         self.corpus = None
         if cfg.corpus_path:
-            text = Path(cfg.corpus_path).expanduser().read_text(encoding="utf-8", errors="replace")
-            ids = target.tokenizer.encode(text, add_special_tokens=False)
-            self.corpus = CorpusNGrams(ids, self.gram_n, cfg.corpus_max_key_len, cfg.corpus_top_k,
-                                       cfg.corpus_min_count)
+            self.corpus = CorpusNGrams(corpus_documents(corpus_file(cfg.corpus_path), target.tokenizer), self.gram_n,
+                                       cfg.corpus_max_key_len, cfg.corpus_top_k, cfg.corpus_min_count)
 
     def begin(self, state: DecodeState) -> None:
         cfg = self.config

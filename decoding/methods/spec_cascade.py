@@ -102,7 +102,7 @@ class SpeculativeCascade(Method):
         proposal = self.propose(state)
         t1 = time.perf_counter()
         result = verify(state, proposal, decide=lambda tree, logits: self.decide(state, tree, logits))
-        self.drafter.observe(result)
+        self.drafter.observe(result, state.sequence)
         state.stats.add_time(draft=t1 - t0, verify=time.perf_counter() - t1)
 
     def decide(self, state: DecodeState, tree: TokenTree, logits: torch.Tensor) -> Verdict:

@@ -70,9 +70,8 @@ class VIASD(Method):
     def setup(self, target: TargetModel) -> None:
         cfg = self.config
         drafter_cfg = self.drafter_config or DrafterConfig()
-        if drafter_cfg.kind == "eagle3":  # tiers 1-2 commit tokens the full target has not run: no features yet
-            raise ConfigError("method=via_sd does not take drafter=eagle3 yet: its slim tier settles tokens without "
-                              "the target's features that EAGLE-3 drafts from; use sd or spec_cascade")
+        # drafter=eagle3 reads target features; tokens tiers 1-2 settle get theirs at the next full pass
+        # (the pending catch-up) and are fed on the drafter's own states until then (eagle3_chain.py)
         self.drafter = build_drafter(drafter_cfg, target)
         self.gamma = drafter_cfg.gamma
         self.middle_model: Drafter | None = None
@@ -88,6 +87,12 @@ class VIASD(Method):
         self.drafter.begin(state.sequence)
         if self.middle_model is not None:
             self.middle_model.begin(state.sequence)
+
+    def prefill_hidden_layers(self) -> tuple[int, ...]:
+        return self.drafter.hidden_layers  # a feature drafter (EAGLE-3) reads target layers; others none
+
+    def on_prefill(self, state: DecodeState, output) -> None:
+        self.drafter.on_prefill(output, state.prompt_ids)
 
     def middle_logits(self, state: DecodeState, chain: TokenTree) -> torch.Tensor:
         """q' at the root and after each draft: one read-only slim pass over the target's cache."""
@@ -175,8 +180,10 @@ class VIASD(Method):
         self._count_tiers(state, tiers, len(committed))
         accepted = len(committed)
         if not state.done:
-            proposal = Proposal(TokenTree.chain(state.root, drafts[i:], None if state.greedy else list(p[i:])))
+            proposal = Proposal(TokenTree.chain(state.root, drafts[i:], None if state.greedy else list(p[i:])),
+                                hidden_layers=self.drafter.hidden_layers)
             result = verify(state, proposal, record=False)
+            self.drafter.observe(result, state.sequence)
             accepted += result.verdict.num_accepted
             state.stats.add_extra("settled_full", len(result.committed))
         state.stats.add_extra("escalations", 1)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import random
 import re
 from dataclasses import dataclass, field
@@ -76,6 +77,9 @@ class CorpusConfig:
     batch_size: int = 32  # batched generate in bf16: far cheaper per token than batch 1
     self_questions: int = 3000  # prompts of the "self" source, written by the model in a first stage
     seed: int = 0
+    # a second builder on the same out_dir (another core or node) with descending=true takes the shards from the
+    # last one down while the first goes up: they meet in the middle and either bundles the result
+    descending: bool = False
 
     def __post_init__(self) -> None:
         check_range("corpus.num_prompts", self.num_prompts, 1)
@@ -204,9 +208,9 @@ def self_questions(model, tokenizer, cfg: CorpusConfig, out_dir: Path, stop_ids,
 def write_shard(path: Path, pairs, sources) -> None:
     lengths = np.array([[len(p), len(a)] for p, a in pairs], dtype=np.int32)
     ids = np.array([t for p, a in pairs for t in p + a], dtype=np.int32)
-    tmp = path.with_suffix(".tmp.npz")
+    tmp = path.with_suffix(f".{os.getpid()}.tmp.npz")  # two builders may finish the same shard: no shared temp file
     np.savez(tmp, ids=ids, lengths=lengths, sources=np.array(sources))
-    tmp.rename(path)
+    tmp.replace(path)
 
 
 def read_shards(paths: list[Path]) -> list[dict]:
@@ -226,11 +230,12 @@ def bundle(out_dir: Path, samples: list[dict], vocab_size: int) -> Path:
     dtype = np.uint16 if vocab_size <= 65536 else np.int32
     path = out_dir / "corpus.npz"
     ids = np.concatenate([s["ids"].numpy().astype(dtype) for s in samples])
-    np.savez_compressed(path.with_suffix(".tmp.npz"), ids=ids,
+    tmp = path.with_suffix(f".{os.getpid()}.tmp.npz")
+    np.savez_compressed(tmp, ids=ids,
                         lengths=np.array([[s["prompt_len"], len(s["ids"]) - s["prompt_len"]] for s in samples],
                                          dtype=np.int32),
                         sources=np.array([s["source"] for s in samples]))
-    path.with_suffix(".tmp.npz").rename(path)
+    tmp.replace(path)
     return path
 
 
@@ -264,22 +269,22 @@ def build_corpus(model, tokenizer, cfg: CorpusConfig, stop_ids: set[int], templa
     if cfg.self_questions:
         pools["self"] = self_questions(model, tokenizer, cfg, out_dir, stop_ids, template_kwargs)
     prompts, dropped = drop_contaminated(interleave(pools, cfg.num_prompts), evaluation_prompts())
-    shards = []
     batches = range(0, len(prompts), cfg.batch_size)
     progress = Progress(TextColumn("[bold]corpus"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         disable=not show_progress)
     with progress:
         task = progress.add_task("corpus", total=len(batches))
-        for index, first in enumerate(batches):
-            path = out_dir / f"shard_{index:05d}.npz"
-            shards.append(path)
+        shards = [out_dir / f"shard_{index:05d}.npz" for index in range(len(batches))]
+        order = range(len(batches) - 1, -1, -1) if cfg.descending else range(len(batches))
+        for done, index in enumerate(order):
+            path, first = shards[index], batches[index]
             if not path.exists():
                 batch = prompts[first:first + cfg.batch_size]
                 pairs = generate_batch(model, tokenizer, [p for _, p in batch], cfg.max_new_tokens, stop_ids,
                                        template_kwargs)
                 write_shard(path, pairs, [s for s, _ in batch])
                 log.info("corpus shard %d/%d: %d answer tokens", index + 1, len(batches), sum(len(a) for _, a in pairs))
-            progress.update(task, completed=index + 1)
+            progress.update(task, completed=done + 1)
     samples = read_shards(shards)
     bundled = bundle(out_dir, samples, model.config.vocab_size)
     stats = {"prompts": len(samples), "dropped_contaminated": dropped,

@@ -176,7 +176,7 @@ def test_lossless_method_equals_ar_in_fp32_with_rejected_drafts(arch, name, fold
         assert states[0].stats.num_accepted_tokens > 0
 
 
-@pytest.mark.parametrize("name", ["via_sd", "spec_cascade"])
+@pytest.mark.parametrize("name", ["via_sd", "via_sd_eagle3", "spec_cascade"])
 @pytest.mark.parametrize("arch", ARCHS)
 def test_lossy_method_completes(arch, name, folders):
     target = arch_target(arch)

@@ -46,6 +46,7 @@ def reads_per_step(method, target, temperature, monkeypatch) -> float:
 # int(argmax) and a host tensor per token), PTD one per forest node, VIA-SD 4-6 per position,
 # sampling acceptance 2-3 per child.
 BOUNDS = {"ar": 1, "pld": 1, "lookahead": 2, "self_draft": 2, "ptd": 2, "sd": 2, "spec_cascade": 2, "via_sd": 3,
+          "via_sd_eagle3": 3, "sd_slim": 2, "eagle3": 2,
           "dflash": 2, "ddtree": 2, "caddtree": 2, "domino": 2}
 
 
@@ -60,13 +61,25 @@ def test_device_to_host_reads_per_step_are_bounded(name, temperature, zoo, monke
     assert reads_per_step(method, target, temperature, monkeypatch) <= BOUNDS[name] + 0.5  # + the odd warm-up read
 
 
-def test_dominotree_reads_once_per_expanded_node(zoo, monkeypatch):
-    """The heap needs each expanded node's K scores on the host: one read per node, no more."""
+def test_dominotree_reads_once_per_depth_not_per_node(zoo, monkeypatch):
+    """The level builder reads the host once per depth it expands (the live lane count), plus the
+    tree once: per step at most the deepest tree's depth + 1, plus drafting and acceptance."""
     from pipeline.zoo import build_method
 
     target, folder = zoo
     method = build_method("dominotree", target, folder)
-    assert reads_per_step(method, target, 0.0, monkeypatch) <= method.config.num_nodes + 3
+    depths = []
+    real = method.propose
+
+    def propose(state):
+        proposal = real(state)
+        depths.append(max(proposal.tree.depths))
+        return proposal
+
+    method.propose = propose
+    reads = reads_per_step(method, target, 0.0, monkeypatch)
+    assert depths and reads <= max(depths) + 1 + 3
+    assert reads < method.config.num_nodes  # the node-by-node builder read once per expanded node
 
 
 def test_prefill_computes_logits_for_the_last_row_only_even_with_hidden_taps(tiny_llama):

@@ -1,8 +1,10 @@
 """The self-distillation corpus (pipeline/train/corpus.py): prompts disjoint from the evaluation sets,
 resumable shards, a compressed bundle that training reads back."""
 
+import io
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -66,5 +68,19 @@ def test_the_corpus_is_built_in_resumable_shards_and_read_back_by_training(tiny_
         build_corpus(model, tokenizer, cfg, {2}, show_progress=False)  # only the missing shard is regenerated
     with pytest.raises(ConfigError, match="built with other settings"):
         build_corpus(model, tokenizer, CorpusConfig(out_dir=cfg.out_dir, max_new_tokens=9), {2}, show_progress=False)
+    # a second builder going down from the last shard (another core) writes the same shards
+    reference = {p.name: p.read_bytes() for p in (tmp_path / "corpus").glob("shard_*.npz") if p.name != "shard_00000.npz"}
+    for p in (tmp_path / "corpus").glob("shard_*.npz"):
+        p.unlink()
+    monkeypatch.undo()
+    made = []
+    real_write = corpus.write_shard
+    monkeypatch.setattr(corpus, "write_shard", lambda path, *a: made.append(path.name) or real_write(path, *a))
+    down = CorpusConfig(**{**cfg.__dict__, "descending": True})
+    assert build_corpus(model, tokenizer, down, {2}, show_progress=False)["prompts"] == 7
+    assert made == ["shard_00002.npz", "shard_00001.npz", "shard_00000.npz"]
+    for name, data in reference.items():
+        a, b = np.load(tmp_path / "corpus" / name), np.load(io.BytesIO(data))
+        assert (a["ids"] == b["ids"]).all() and (a["lengths"] == b["lengths"]).all()
     with pytest.raises(ConfigError, match="no corpus.npz and no shard"):
         load_corpus(str(tmp_path / "nothing"))

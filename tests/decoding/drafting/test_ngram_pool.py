@@ -38,6 +38,12 @@ def test_corpus_table_backs_off_from_longest_key_and_drops_rare_ngrams():
     assert corpus.get([1, 2], limit=3, exclude=[(3, 4)]) == []
 
 
+def test_corpus_table_never_joins_two_documents():
+    one = CorpusNGrams([[1, 2, 3]] * 2 + [[4, 5]], length=1, max_key_len=1, top_k=5, min_count=2)
+    assert one.get([2], limit=3) == [(3,)]
+    assert one.get([3], limit=3) == []  # as one concatenated text, 3 -> 1 would have been seen twice
+
+
 def test_bigram_redundancy_counts_repeats_across_branches_and_tree_edges_once():
     assert bigram_redundancy([(1, 2, 3), (1, 2, 4)]) == (4, 1)
     assert bigram_redundancy([(1, 2, 3), (5, 6, 7)]) == (4, 0)

@@ -78,7 +78,6 @@ def test_eagle3_drafts_for_sd_and_spec_cascade(tiny_target, tmp_path):
     from decoding.drafting.drafter import DrafterConfig
     from decoding.methods.sd import SDConfig, SpeculativeDecoding
     from decoding.methods.spec_cascade import SpecCascadeConfig, SpeculativeCascade
-    from decoding.methods.via_sd import VIASD, VIASDConfig
 
     drafter = DrafterConfig(name="eagle3", kind="eagle3", checkpoint=tiny_eagle3(tiny_target, tmp_path / "e3"), gamma=4)
     sd = SpeculativeDecoding(SDConfig(), drafter=drafter)
@@ -91,7 +90,58 @@ def test_eagle3_drafts_for_sd_and_spec_cascade(tiny_target, tmp_path):
     cascade = SpeculativeCascade(SpecCascadeConfig(), drafter=drafter)
     cascade.setup(tiny_target)
     assert generate(cascade, tiny_target, PROMPT, max_new_tokens=12).stats.num_draft_tokens > 0
-    with pytest.raises(ConfigError, match="via_sd does not take drafter=eagle3 yet"):
-        VIASD(VIASDConfig(), drafter=drafter).setup(tiny_target)
     with pytest.raises(ConfigError, match="no EAGLE-3 checkpoint is known"):
         DrafterConfig(kind="eagle3")
+
+
+def via_sd_with_eagle3(target, tmp_path, **config):
+    from decoding.drafting.drafter import DrafterConfig
+    from decoding.drafting.routing import save_mask
+    from decoding.methods.via_sd import VIASD, VIASDConfig
+
+    save_mask(tmp_path / "mask.json", [2], num_layers=4, model="tiny")
+    drafter = DrafterConfig(name="eagle3", kind="eagle3", checkpoint=tiny_eagle3(target, tmp_path / "e3"), gamma=4)
+    method = VIASD(VIASDConfig(mask=str(tmp_path / "mask.json"), **config), drafter=drafter)
+    method.setup(target)
+    return method, drafter
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_via_sd_with_eagle3_forced_to_the_full_verifier_is_sd(tiny_target, tmp_path, temperature):
+    """VIA-SD's separate drafter can be EAGLE-3; with tiers 1-2 off it is sd with that drafter."""
+    from decoding.methods.sd import SDConfig, SpeculativeDecoding
+
+    via, drafter = via_sd_with_eagle3(tiny_target, tmp_path, agree_threshold=2.0, slim_threshold=2.0)
+    sd = SpeculativeDecoding(SDConfig(), drafter=drafter)
+    sd.setup(tiny_target)
+    for seed in range(2):
+        a = generate(sd, tiny_target, PROMPT, max_new_tokens=20, temperature=temperature, seed=seed)
+        b = generate(via, tiny_target, PROMPT, max_new_tokens=20, temperature=temperature, seed=seed)
+        assert a.new_tokens == b.new_tokens and b.stats.num_accepted_tokens == a.stats.num_accepted_tokens
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_via_sd_slim_settled_tokens_reach_eagle3_as_target_features(tiny_target, tmp_path, temperature):
+    """Tokens the slim tier settles are fed on the drafter's own states until the next full pass;
+    that pass's catch-up taps replace them, so the drafter's cache equals one built from the target's
+    features of the whole committed text (as a fresh prefill would give it)."""
+    from decoding.engine.target import TargetModel
+
+    via, _ = via_sd_with_eagle3(tiny_target, tmp_path, agree_threshold=0.05, slim_threshold=0.1)
+    lagged: set[int] = set()
+
+    def watch(state):  # positions committed while the target's cache lagged behind
+        lagged.update(range(state.target.cache_len, len(state.sequence) - 1))
+
+    state = generate(via, tiny_target, PROMPT, max_new_tokens=40, temperature=temperature, seed=0, on_step=watch)
+    drafter = via.drafter
+    rows = drafter.cache.length
+    assert state.stats.extra.get("escalations", 0) > 0 and state.stats.extra.get("settled_slim", 0) > 0
+    assert any(pos < rows for pos in lagged), "no slim-settled token got its target features later"
+    fresh = TargetModel(tiny_target.model)
+    taps = fresh.prefill(state.sequence[:rows], drafter.hidden_layers).hidden
+    features = torch.cat([taps[layer] for layer in drafter.hidden_layers], dim=-1)
+    cache = drafter.model.new_cache()
+    drafter.model.extend(cache, features, drafter.embed(torch.tensor(state.sequence[1:rows + 1])))
+    torch.testing.assert_close(drafter.cache.keys, cache.keys, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(drafter.cache.values, cache.values, atol=1e-5, rtol=1e-4)

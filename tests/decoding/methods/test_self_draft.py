@@ -3,6 +3,7 @@ columns and the committed text, carried across prompts and cut), and the static 
 Losslessness against AR: test_endogenous.py."""
 
 import pytest
+import torch
 
 from decoding.engine.loop import DecodeState, generate
 from decoding.methods.self_draft import SelfDraft, SelfDraftConfig
@@ -70,6 +71,23 @@ def test_corpus_cache_adds_candidates_from_a_text_file(tiny_llama, tmp_path):
     ids = tiny_llama.tokenizer.encode("the cat", add_special_tokens=False)
     found = m.candidates(ids)
     assert tuple(tiny_llama.tokenizer.encode(" sat", add_special_tokens=False)) in found
+
+
+def test_corpus_cache_reads_a_self_distillation_bundle(tiny_llama, tmp_path):
+    """A corpus.npz of `python -m pipeline.train.corpus`: its answers' token ids, one document each
+    (the prompts are not part of the table)."""
+    import numpy as np
+
+    from pipeline.train.corpus import bundle
+
+    answer, prompt = [50, 51, 52, 53], [9, 9, 9, 9]
+    samples = [{"ids": torch.tensor(prompt + answer), "prompt_len": len(prompt), "source": "chat"}] * 6
+    path = bundle(tmp_path, samples, tiny_llama.config.vocab_size)
+    m = SelfDraft(SelfDraftConfig(corpus_path=str(path), corpus_min_count=2, context_gram_n=3))
+    m.setup(tiny_llama)
+    assert (51, 52, 53) in m.candidates([7, 50])
+    assert not m.candidates([9, 9])  # prompt tokens are not in the table
+    assert np.load(path)["ids"].dtype == np.uint16
 
 
 def test_missing_corpus_file_is_a_config_error(tmp_path):
