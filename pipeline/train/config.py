@@ -20,7 +20,7 @@ class DataConfig:
     max_new_tokens: int = 128
     batch_size: int = 16  # batched HF generate: far cheaper per token than batch-1 on a CPU
     seed: int = 0
-    corpus: Optional[str] = None  # eagle3 / exit_head: a self-distillation corpus (python -m pipeline.train.corpus)
+    corpus: Optional[str] = None  # a self-distillation corpus (python -m pipeline.train.corpus): token ids, features recomputed
 
     def __post_init__(self) -> None:
         check_range("data.num_prompts", self.num_prompts, 1)
@@ -61,7 +61,8 @@ class DrafterTrainConfig:
     draft_vocab_size: int = 8192  # eagle3: the most frequent answer tokens (EAGLE-3 Llama-3.1-8B: 32000)
     ttt_length: int = 7  # eagle3: training-time-test steps (EAGLE-3 / SpecForge: 7)
     ttt_decay: float = 0.8  # eagle3: weight decay^j of step j's loss (EAGLE main.py, SpecForge ploss_decay)
-    max_train_len: int = 2048  # eagle3: tokens per training sequence (EAGLE: max_len 2048)
+    max_train_len: int = 2048  # tokens per training sequence (EAGLE: max_len 2048)
+    bf16_autocast: bool = True  # matmuls in bf16 (native on this project's CPUs and on GPUs); weights/optimizer fp32
 
     def __post_init__(self) -> None:
         check_choice("drafter.kind", self.kind, ("dflash", "domino", "exit_head", "eagle3"))

@@ -32,8 +32,8 @@ from decoding.drafting.eagle3_drafter import (Eagle3Drafter, Eagle3Spec, default
                                              vocab_mapping)
 from pipeline.errors import ConfigError
 from pipeline.train.config import TrainConfig
-from pipeline.train.trainer import (learning_rate, make_wandb, progress_bar, publish, resume_state, _rope_theta,
-                                    save_state, start_run, training_samples)
+from pipeline.train.trainer import (autocast, learning_rate, make_wandb, progress_bar, publish, resume_state,
+                                    _rope_theta, save_state, start_run, training_samples)
 
 log = logging.getLogger(__name__)
 
@@ -90,16 +90,19 @@ def ttt_steps(drafter: Eagle3Drafter, embed, feats, finals, unembed, ids, prompt
     """Per step j: (soft-CE loss, top-1 agreement [T-1] bool, valid [T-1] bool) over the rows t = 0..T-2."""
     n = len(ids) - 1
     t2d = drafter.t2d
+    with torch.no_grad():  # the target's distribution at every position, once per sequence (step j reads rows t+1+j)
+        full = finals @ unembed.t()  # [T, V]
+        best_all = full.argmax(-1)
+        teacher_all = torch.softmax(full[:, t2d], dim=-1)  # renormalised over the draft vocabulary
+        del full
     out = []
     for j, h in enumerate(ttt_hidden(drafter, embed, feats, ids, ttt_length)):
         target_row = torch.arange(n, device=feats.device) + 1 + j  # row t predicts x_{t+2+j}: target logits t+1+j
         valid = (target_row <= len(ids) - 2) & (target_row + 1 >= prompt_len)  # the predicted token is an answer's
-        with torch.no_grad():
-            full = finals[target_row.clamp(max=len(ids) - 1)] @ unembed.t()  # [n, V], recomputed, never stored
-            best = full.argmax(-1)
-            teacher = torch.softmax(full[:, t2d], dim=-1)  # renormalised over the draft vocabulary
-            keep = valid & t2d[best]
-        logq = torch.log_softmax(drafter.logits(h), dim=-1)
+        rows = target_row.clamp(max=len(ids) - 1)
+        best, teacher = best_all[rows], teacher_all[rows]
+        keep = valid & t2d[best]
+        logq = torch.log_softmax(drafter.logits(h).float(), dim=-1)
         loss = (-(teacher * logq).sum(-1) * keep).sum() / keep.sum().clamp(min=1)
         out.append((loss, drafter.to_target_ids(logq.argmax(-1)) == best, valid))
     return out
@@ -187,9 +190,10 @@ def train_eagle3(cfg: TrainConfig, run_config: dict, show_progress: bool = True)
             for s in rng.sample(train_set, min(d.seqs_per_step, len(train_set))):
                 ids = s["ids"][:d.max_train_len]
                 feats, finals = teacher_pass(target, ids, layer_ids)
-                steps = ttt_steps(model, embed, feats, finals, unembed, ids.to(feats.device), s["prompt_len"],
-                                  d.ttt_length)
-                loss = sum(d.ttt_decay ** j * loss_j for j, (loss_j, _, _) in enumerate(steps))
+                with autocast(cfg, target.device):
+                    steps = ttt_steps(model, embed, feats, finals, unembed, ids.to(feats.device), s["prompt_len"],
+                                      d.ttt_length)
+                    loss = sum(d.ttt_decay ** j * loss_j for j, (loss_j, _, _) in enumerate(steps))
                 (loss / d.seqs_per_step).backward()
                 loss_sum += float(loss.detach()) / d.seqs_per_step
                 agree0 += float((steps[0][1] & steps[0][2]).sum())

@@ -124,16 +124,12 @@ def validate(model, embed, lm_head, samples, cfg) -> dict:
 
 
 def training_samples(cfg: TrainConfig, target, tokenizer) -> list[dict]:
-    """The answer shards (built once, resumable), or the corpus of `data.corpus` (token ids only: for
-    the trainers that recompute features), in a seeded shuffle: the first val_sequences validate."""
+    """The answer shards (built once, resumable), or the corpus of `data.corpus` (token ids only: the
+    target's features are recomputed by teacher-forced forwards, `with_taps`), in a seeded shuffle:
+    the first val_sequences validate."""
     if cfg.data.corpus:
         from pipeline.train.corpus import load_corpus
 
-        if cfg.drafter.kind not in ("eagle3", "exit_head"):
-            from pipeline.errors import ConfigError
-
-            raise ConfigError(f"data.corpus holds token ids only; drafter={cfg.drafter.kind} reads stored hidden "
-                              "states (use data.dir shards, or drafter=eagle3 / exit_head)")
         samples = load_corpus(cfg.data.corpus)
         random.Random(cfg.data.seed).shuffle(samples)
         return samples
@@ -145,6 +141,25 @@ def training_samples(cfg: TrainConfig, target, tokenizer) -> list[dict]:
     samples = load_samples(paths)
     random.Random(cfg.data.seed).shuffle(samples)
     return samples
+
+
+@torch.no_grad()
+def with_taps(sample: dict, target, layers: list[int], max_len: int | None = None) -> dict:
+    """`sample` with the tapped layers' hidden states of every token but the last ([T-1, k, H], fp16 as
+    the stored shards), from one teacher-forced target forward: a corpus stores token ids only."""
+    if "hidden" in sample:
+        return sample
+    ids = sample["ids"][:max_len]
+    out = target(input_ids=ids[None].to(target.device), output_hidden_states=True)
+    hidden = torch.stack([out.hidden_states[layer + 1][0, :-1] for layer in layers], dim=1)
+    return {**sample, "ids": ids, "hidden": hidden.to(torch.float16).cpu()}
+
+
+def autocast(cfg, device):
+    """bf16 matmuls while training (`drafter.bf16_autocast`; weights, optimizer and losses stay fp32):
+    on a CPU with native bf16 (this project's machines) or a GPU they are ~2x cheaper."""
+    return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16,
+                          enabled=bool(cfg.drafter.bf16_autocast))
 
 
 def resume_state(path: Path, model, optimizer) -> tuple[int, float]:
@@ -218,13 +233,15 @@ def train(cfg: TrainConfig, run_config: dict, show_progress: bool = True) -> dic
     embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
 
     samples = training_samples(cfg, target, tokenizer)
-    val, train_set = samples[:d.val_sequences], samples[d.val_sequences:]
+    if d.kind == "domino":
+        model = domino_from_dflash(cfg)
+    layers = list(model.spec.target_layer_ids) if d.kind == "domino" else list(d.target_layer_ids)
+    taps = lambda sample: with_taps(sample, target, layers, d.max_train_len)  # noqa: E731 - the corpus: recomputed
+    val, train_set = [taps(s) for s in samples[:d.val_sequences]], samples[d.val_sequences:]
 
     if d.kind == "dflash":
         model = new_drafter(cfg, target.config)
-        init_from_data(model, train_set, target)
-    else:
-        model = domino_from_dflash(cfg)
+        init_from_data(model, [taps(s) for s in train_set[:64]], target)
     model.train()
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=d.lr, weight_decay=0.01)
     resume_path = state_dir / "train_state.pt"
@@ -250,11 +267,13 @@ def train(cfg: TrainConfig, run_config: dict, show_progress: bool = True) -> dic
             optimizer.zero_grad(set_to_none=True)
             agg: dict[str, float] = {}
             for sample in rng.sample(train_set, d.seqs_per_step):
+                sample = taps(sample)
                 blocks = sample_blocks(sample["ids"], sample["prompt_len"], model.spec.block_size, d.num_anchors,
                                        d.loss_decay_gamma, model.spec.shift_label, gen)
                 if blocks is None:
                     continue
-                loss, metrics = compute_loss(model, embed, lm_head, sample, blocks, cfg, step)
+                with autocast(cfg, target.device):
+                    loss, metrics = compute_loss(model, embed, lm_head, sample, blocks, cfg, step)
                 (loss / d.seqs_per_step).backward()
                 for k, v in metrics.items():
                     agg[k] = agg.get(k, 0.0) + v / d.seqs_per_step

@@ -70,6 +70,33 @@ def test_train_both_stages_export_and_resume(tiny_model_dirs, tmp_path):
     assert state["step"] == 4
 
 
+def test_block_drafters_train_on_a_corpus_with_recomputed_taps(tiny_model_dirs, tmp_path):
+    """A self-distillation corpus stores token ids only: the DFlash/Domino trainers recompute the tapped
+    layers by one teacher-forced forward, the same features the answer shards store from `generate`."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from decoding.drafting.dflash_drafter import load_drafter
+    from pipeline.train.corpus import CorpusConfig, build_corpus
+    from pipeline.train.data import build_dataset, load_samples
+    from pipeline.train.trainer import train, with_taps
+
+    path = tiny_model_dirs["llama"]
+    target = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    stored = load_samples(build_dataset(target, tokenizer, [("chat", "Tell me a story.")], [0, 2], tmp_path / "shards",
+                                        1, 8, {2}))[0]
+    again = with_taps({k: v for k, v in stored.items() if k != "hidden"}, target, [0, 2])
+    torch.testing.assert_close(again["hidden"].float(), stored["hidden"].float(), atol=2e-3, rtol=2e-3)
+    build_corpus(target, tokenizer, CorpusConfig(out_dir=str(tmp_path / "corpus"), num_prompts=8, max_new_tokens=10,
+                                                 batch_size=4, self_questions=0), {2}, show_progress=False)
+    for kind in ("dflash", "domino"):
+        overrides = tiny_overrides(path, tmp_path, kind, steps=2) + [f"data.corpus={tmp_path / 'corpus'}"]
+        summary = train(compose_train(overrides), {}, show_progress=False)
+        assert summary["steps"] == 2 and summary["sequences"] == 6 and "val/loss" in summary
+        assert load_drafter(str(tmp_path / kind)).spec.is_domino == (kind == "domino")
+    assert not (tmp_path / "data").exists()  # no answer shards were generated
+
+
 def test_bad_train_config_names_the_field():
     from pipeline.cli import chain
 
