@@ -106,7 +106,7 @@ def run(cfg: DictConfig, run_dir: Path, show_progress: bool = True) -> dict:
     run_dir.mkdir(parents=True, exist_ok=True)
     _check_resume(cfg, run_dir)
     comparing = rc.method is None
-    method_cfgs, labels = compose_methods(rc.methods, cfg) if comparing else ([rc.method], [])
+    method_cfgs, labels, drafter_cfgs = compose_methods(rc.methods, cfg) if comparing else ([rc.method], [], [None])
 
     sandbox = None
     if rc.task.name in CODE_TASKS:  # generated code will run: check its isolation before generating
@@ -119,7 +119,7 @@ def run(cfg: DictConfig, run_dir: Path, show_progress: bool = True) -> dict:
         max_new_tokens=rc.max_new_tokens or rc.task.max_new_tokens, temperature=rc.temperature,
         seed=rc.seed, stop_ids=stop_token_ids(model, tokenizer), warmup=rc.warmup,
         chat_template_kwargs=dict(rc.model.chat_template_kwargs))
-    methods = [build_method(m, target, rc.drafter) for m in method_cfgs]
+    methods = [build_method(m, target, d or rc.drafter) for m, d in zip(method_cfgs, drafter_cfgs)]
 
     label = "compare" if comparing else methods[0].name
     origin = provenance.record(rc.model, model, data_origin, target)
@@ -197,6 +197,8 @@ def compare(rc: RunConfig, cfg: DictConfig, methods: list[Method], labels: list[
         (method_dir / "failed.json").unlink(missing_ok=True)  # a resumed comparison tries it again
         config = OmegaConf.to_container(cfg, resolve=True)  # as a single run of this method would have it
         config.update(method=OmegaConf.to_container(OmegaConf.structured(method.config)), methods=[])
+        if getattr(method, "uses_drafter", False) and method.drafter_config is not None:  # its own or the job's
+            config["drafter"] = OmegaConf.to_container(OmegaConf.structured(method.drafter_config))
         (method_dir / "run_config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(config)))
         done.append(read_results(method_dir / "results.jsonl", repair=True))
     failed: dict[str, str] = {}  # label -> one line: a failing method stops, the others go on
@@ -255,11 +257,13 @@ def finish_summary(rc: RunConfig, method: Method, target, examples, rows: list[d
     return summary
 
 
-def compose_methods(entries: list[str], job: DictConfig) -> tuple[list, list[str]]:
-    """The method configs for `methods` entries, AR first (added if missing), and a label for each (its
-    folder in the run dir). An entry is an option name (conf/method/<name>.yaml), optionally with
-    settings: "spec_cascade alpha=0.05" (label spec_cascade_alpha=0.05). Each option is placed into the
-    job's own config before it is resolved, so `${model...}` in it (drafters, masks) is the job's model."""
+def compose_methods(entries: list[str], job: DictConfig) -> tuple[list, list[str], list]:
+    """The method configs for `methods` entries, AR first (added if missing), a label for each (its
+    folder in the run dir) and its drafter config (None: the job's). An entry is an option name
+    (conf/method/<name>.yaml), optionally with settings: "spec_cascade alpha=0.05" (label
+    spec_cascade_alpha=0.05); a setting `drafter=<option>` or `drafter.<field>=<value>` gives that
+    entry its own drafter ("sd drafter=eagle3"). Each option is placed into the job's own config before
+    it is resolved, so `${model...}` in it (drafters, masks) is the job's model."""
     from hydra import compose, initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
 
@@ -271,26 +275,33 @@ def compose_methods(entries: list[str], job: DictConfig) -> tuple[list, list[str
 
     def load():
         known = group_options("method")
-        configs = []
+        configs, drafters = [], []
         for name, settings in ordered:
             if name not in known:
                 raise ConfigError(f"methods: '{name}' is not a method option; choose from: {', '.join(known)}")
-            overrides = [f"method={name}", *(f"method.{s}" for s in settings)]
+            own_drafter = [s for s in settings if s.split("=")[0].split(".")[0] == "drafter"]
+            overrides = [f"method={name}", *(s if s in own_drafter else f"method.{s}" for s in settings)]
             try:
-                option = compose("config", overrides=overrides).method
+                composed = compose("config", overrides=overrides)
                 placed = job.copy()
                 with open_dict(placed):
-                    placed.method = option
-                configs.append(OmegaConf.to_object(placed).method)
+                    placed.method = composed.method
+                    if own_drafter:
+                        placed.drafter = composed.drafter
+                resolved = OmegaConf.to_object(placed)
+                configs.append(resolved.method)
+                drafters.append(resolved.drafter if own_drafter else None)
             except Exception as err:  # a bad setting: the same one line as on the command line
                 raise ConfigError(f"methods: '{' '.join([name, *settings])}': {describe(err, overrides)}") from None
-        return configs
+        return configs, drafters
 
     labels = ["_".join([name, *settings]).replace("/", "-") for name, settings in ordered]
     if GlobalHydra.instance().is_initialized():  # inside the Hydra app (or the override precheck)
-        return load(), labels
-    with initialize_config_module(config_module="conf", version_base="1.3"):
-        return load(), labels
+        configs, drafters = load()
+    else:
+        with initialize_config_module(config_module="conf", version_base="1.3"):
+            configs, drafters = load()
+    return configs, labels, drafters
 
 
 def finish_table(rows: list[dict], categories: list[dict], rc: RunConfig, run_dir: Path) -> None:

@@ -86,7 +86,7 @@ def test_a_benchmark_experiment_compares_its_methods_in_each_job_of_its_grid(ben
         job = compose("config", overrides=[f"+experiment={bench}"])
         cfg = OmegaConf.to_object(job)
         assert cfg.method is None and cfg.methods[0] == "ar" and cfg.experiment_name == bench
-        configs, labels = compose_methods(cfg.methods, job)
+        configs, labels, _ = compose_methods(cfg.methods, job)
     assert len(configs) == len(cfg.methods) == len(set(labels)) and labels[0] == "ar"
 
 

@@ -385,9 +385,28 @@ def test_compared_methods_resolve_against_the_jobs_model_not_the_default_one(tin
     register_configs()
     with initialize_config_module(config_module="conf", version_base="1.3"):
         job = compose("config", overrides=["model=qwen3-4b", "methods=[dflash,via_sd]"])
-        configs, labels = compose_methods(list(job.methods), job)
+        configs, labels, _ = compose_methods(list(job.methods), job)
     assert labels == ["ar", "dflash", "via_sd"]
     assert configs[1].drafter == "z-lab/Qwen3-4B-DFlash-b16" and configs[2].mask == "qwen3-4b-dimr"
+
+
+def test_a_methods_entry_can_bring_its_own_drafter(tiny_model_dirs, tmp_path):
+    """'sd drafter=eagle3' next to plain sd: one job compares the same method with two drafters."""
+    from pipeline.runner import compose_methods
+
+    register_configs()
+    with initialize_config_module(config_module="conf", version_base="1.3"):
+        job = compose("config", overrides=["model=qwen3-8b", "methods=[sd,'sd drafter=eagle3','sd drafter.gamma=3']"])
+        configs, labels, drafters = compose_methods(list(job.methods), job)
+    assert labels == ["ar", "sd", "sd_drafter=eagle3", "sd_drafter.gamma=3"]
+    assert drafters[1] is None  # the job's drafter
+    assert drafters[2].kind == "eagle3" and drafters[2].checkpoint == "AngelSlim/Qwen3-8B_eagle3"
+    assert drafters[3].gamma == 3
+    from pipeline.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="drafter=nope"):
+        with initialize_config_module(config_module="conf", version_base="1.3"):
+            compose_methods(["sd drafter=nope"], compose("config", overrides=["model=qwen3-8b"]))
 
 
 def test_a_comparison_run_dir_refuses_a_different_config(tiny_model_dirs, tmp_path):
