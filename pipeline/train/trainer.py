@@ -24,6 +24,7 @@ from pipeline.train.objectives import dflash_loss, domino_loss, sample_blocks
 from pipeline.train.prompts import training_prompts
 
 log = logging.getLogger(__name__)
+VALIDATION_POOL = 1024  # corpus answers the validation set is drawn from (its first shards)
 
 
 def new_drafter(cfg: TrainConfig, target_config) -> DFlashDrafter:
@@ -131,8 +132,14 @@ def training_samples(cfg: TrainConfig, target, tokenizer) -> list[dict]:
         from pipeline.train.corpus import load_corpus
 
         samples = load_corpus(cfg.data.corpus)
-        random.Random(cfg.data.seed).shuffle(samples)
-        return samples
+        # validation answers come from the corpus's first shards only (a seeded pick among them), so they stay
+        # the same while the corpus is still growing (a run resumed on more shards never trains on them)
+        head = VALIDATION_POOL if len(samples) > 2 * VALIDATION_POOL else len(samples)
+        val_index = set(random.Random(cfg.data.seed).sample(range(head), min(cfg.drafter.val_sequences, head)))
+        val = [s for i, s in enumerate(samples) if i in val_index]
+        rest = [s for i, s in enumerate(samples) if i not in val_index]
+        random.Random(cfg.data.seed).shuffle(rest)
+        return val + rest
     prompts = training_prompts(cfg.data.num_prompts, cfg.data.seed)
     paths = build_dataset(target, tokenizer, prompts, list(cfg.drafter.target_layer_ids), Path(cfg.data.dir),
                           cfg.data.batch_size, cfg.data.max_new_tokens, stop_token_ids(target, tokenizer),

@@ -97,6 +97,22 @@ def test_block_drafters_train_on_a_corpus_with_recomputed_taps(tiny_model_dirs, 
     assert not (tmp_path / "data").exists()  # no answer shards were generated
 
 
+def test_corpus_validation_answers_stay_the_same_while_the_corpus_grows(tmp_path, monkeypatch):
+    from pipeline.train import trainer
+    from pipeline.train.corpus import bundle
+
+    monkeypatch.setattr(trainer, "VALIDATION_POOL", 8)
+    samples = [{"ids": torch.tensor([1, 2, 3 + i]), "prompt_len": 1, "source": "chat"} for i in range(40)]
+    picks = []
+    for n in (20, 40):  # a training run resumed after more shards were built
+        bundle(tmp_path, samples[:n], 100)
+        cfg = compose_train(["drafter=eagle3", f"data.corpus={tmp_path}", "drafter.val_sequences=3"])
+        got = trainer.training_samples(cfg, None, None)
+        assert len(got) == n
+        picks.append([int(s["ids"][-1]) for s in got[:3]])
+    assert picks[0] == picks[1] and all(3 <= t < 3 + 8 for t in picks[0])
+
+
 def test_bad_train_config_names_the_field():
     from pipeline.cli import chain
 
