@@ -20,6 +20,7 @@ Two implementations, which must build identical trees:
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from decoding.drafting.domino_head import correction, gru_cell
 from decoding.engine.transfer import to_host
@@ -129,7 +130,7 @@ class LevelBuilder:
                  graph_holder: dict | None = None):
         """`head`: the drafter's Float32Head. `graph_holder`: a dict kept by the caller across rounds;
         on CUDA it holds the captured LevelGraph."""
-        self.prefix, self.k, self.embed, self.head = drafter.spec.pure_draft_prefix_len, k, embed, head
+        self.prefix, self.k = drafter.spec.pure_draft_prefix_len, k
         depths, vocab = base.shape
         self.k_prefix = min(k, vocab)
         self.k = min(k, m, vocab)
@@ -138,11 +139,12 @@ class LevelBuilder:
         self.base_c = torch.gather(base, 1, self.cand)  # [D, M] float32
         self.z_proj = z.float() @ head.w_z.t()  # [D, E]
         self.w2_c = head.w2[self.cand]  # [D, M, E] fp32
-        self.w_s_t, self.w_hh_t, self.w_ih_t = head.w_s.t(), head.w_hh_t, head.w_ih.t()
-        self.gi_cand = embed(self.cand).float() @ self.w_ih_t  # [D, M, 3G]
+        self.w_s_t, self.w_hh_t = head.w_s.t(), head.w_hh_t
+        self.table = head.input_table(embed)  # [V, 3G]: every token's GRU input projection
+        self.gi_cand = F.embedding(self.cand, self.table)  # [D, M, 3G]
         p = min(self.prefix, depths)
         self.prefix_vals, self.prefix_ids = torch.topk(torch.log_softmax(base[:p].float(), -1), self.k_prefix, dim=-1)
-        self.gi_prefix = embed(self.prefix_ids).float() @ self.w_ih_t  # [p, K, 3G]
+        self.gi_prefix = F.embedding(self.prefix_ids, self.table)  # [p, K, 3G]
         self.graphs = graph_holder if graph_holder is not None and z.device.type == "cuda" else None
 
     def _depth(self, d: int, h, score, best):
@@ -167,7 +169,7 @@ class LevelBuilder:
         from decoding.drafting.draft_tree import BuiltTree
 
         dev, lanes = self.z_proj.device, budget
-        root_gi = self.embed(torch.tensor([root], device=dev)).float() @ self.w_ih_t  # [1, 3G]
+        root_gi = F.embedding(torch.tensor([root], device=dev), self.table)  # [1, 3G]
         h = gru_cell(root_gi, root_gi.new_zeros(1, self.w_hh_t.shape[0]), self.w_hh_t)
         h = torch.cat([h, h.new_zeros(lanes - 1, h.shape[1])])
         score = torch.full((lanes,), NEG_INF, dtype=torch.float64, device=dev)

@@ -51,7 +51,7 @@ class Domino(BlockDraftMethod):
         if 0 < self.config.candidate_pool < base.shape[-1] and len(base) > prefix:
             pool = torch.topk(base[prefix:].max(dim=0).values, self.config.candidate_pool).indices
         temperature = state.temperature if not state.greedy and self.config.sample_draft else 0.0
-        tokens, pool_probs = corrected_chain(self.head, self.embed.weight, draft.hidden, base, state.root, prefix, pool,
+        tokens, pool_probs = corrected_chain(self.head, self.embed, draft.hidden, base, state.root, prefix, pool,
                                              temperature, state.sampler.for_device(base.device))
         drafted = to_host(torch.stack(tokens))[0]
         return Proposal(TokenTree.chain(state.root, drafted, self._full_probs(pool_probs, base)),
@@ -70,12 +70,13 @@ class Domino(BlockDraftMethod):
         return out
 
 
-def corrected_chain(head, embeds, z, base, root: int, prefix: int, pool, temperature: float, sampler):
+def corrected_chain(head, embed, z, base, root: int, prefix: int, pool, temperature: float, sampler):
     """The chain of the module docstring, on the device: K device-scalar tokens (argmax, or drawn at
     `temperature` > 0) and per position (q over the pool or the vocabulary, the pool ids or None).
     Per-round tables: z's W1 part for every position, the pool's base logits and W2 rows; per
     position one GRU step (Float32Head.state_step) and one addmv for the corrected logits."""
     z = z.float()
+    table = head.input_table(embed)  # [V, 3G]: a GRU step's input is a row of it
     base_pool = base if pool is None else base[:, pool]  # [K, C]
     w2 = head.w2 if pool is None else head.w2[pool]  # [C, E]
     z_proj = z @ head.w_z.t()  # [K, E]
@@ -86,12 +87,12 @@ def corrected_chain(head, embeds, z, base, root: int, prefix: int, pool, tempera
         if k < prefix:
             logits, local = base[k], None
         else:
-            # F.embedding, not embeds[tok]: indexing with a 0-dim device tensor reads it on the host (a sync)
+            # F.embedding, not table[tok]: indexing with a 0-dim device tensor reads it on the host (a sync)
             if s_proj is None:  # the GRU reads the root and the uncorrected prefix
                 for tok in [torch.full((), root, device=z.device), *tokens]:
-                    h, s_proj = head.state_step(head.w_ih @ F.embedding(tok, embeds).float(), h)
+                    h, s_proj = head.state_step(F.embedding(tok, table), h)
             else:
-                h, s_proj = head.state_step(head.w_ih @ F.embedding(tokens[-1], embeds).float(), h)
+                h, s_proj = head.state_step(F.embedding(tokens[-1], table), h)
             logits = torch.addmv(base_pool[k], w2, F.silu(z_proj[k] + s_proj))
             local = pool
         q = torch.softmax(logits / temperature, dim=-1) if temperature > 0 else None

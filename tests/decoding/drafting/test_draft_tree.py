@@ -216,7 +216,7 @@ def test_the_fast_domino_chain_equals_the_module_call_chain(seed, pool_size, tin
     head = Float32Head(drafter)
     root, prefix = 5, drafter.spec.pure_draft_prefix_len
     pool = torch.topk(base[prefix:].max(0).values, pool_size).indices if pool_size else None
-    got, _ = corrected_chain(head, embed.weight, z, base, root, prefix, pool, 0.0, Sampler(0))
+    got, _ = corrected_chain(head, embed, z, base, root, prefix, pool, 0.0, Sampler(0))
     want = []
     with torch.no_grad():
         for k in range(len(base)):
