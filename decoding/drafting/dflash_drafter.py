@@ -161,9 +161,10 @@ class Attention(nn.Module):
         q = self.q_norm(self.q_proj(x).view(len(x), self.heads, self.head_dim)).transpose(0, 1)
         q = rotate(q, cos, sin)
         k_blk, v_blk = self.project_kv(x, cos, sin)
-        k = torch.cat([ctx_k, k_blk], dim=1).repeat_interleave(self.heads // self.kv_heads, dim=0)
-        v = torch.cat([ctx_v, v_blk], dim=1).repeat_interleave(self.heads // self.kv_heads, dim=0)
-        out = F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask)  # non-causal
+        k, v = torch.cat([ctx_k, k_blk], dim=1), torch.cat([ctx_v, v_blk], dim=1)
+        # non-causal; grouped-query attention without copying the context's K/V heads/kv_heads times
+        out = F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask,
+                                             enable_gqa=self.heads != self.kv_heads)
         return self.o_proj(out[0].transpose(0, 1).reshape(len(x), -1))
 
 

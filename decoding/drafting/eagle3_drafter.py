@@ -134,10 +134,11 @@ class Attention(nn.Module):
         q = rotate(self.q_proj(x).view(n, self.heads, self.head_dim).transpose(0, 1), cos, sin)
         k = rotate(self.k_proj(x).view(n, self.kv_heads, self.head_dim).transpose(0, 1), cos, sin)
         v = self.v_proj(x).view(n, self.kv_heads, self.head_dim).transpose(0, 1)
-        keys = torch.cat([past_k, k], dim=1).repeat_interleave(self.heads // self.kv_heads, dim=0)
-        values = torch.cat([past_v, v], dim=1).repeat_interleave(self.heads // self.kv_heads, dim=0)
+        keys, values = torch.cat([past_k, k], dim=1), torch.cat([past_v, v], dim=1)
         attn_mask = None if mask is None else mask[None, None]
-        out = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=attn_mask)
+        # grouped-query attention without copying every cached K/V row heads/kv_heads times
+        out = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=attn_mask,
+                                             enable_gqa=self.heads != self.kv_heads)
         return self.o_proj(out[0].transpose(0, 1).reshape(n, -1)), k, v
 
 
