@@ -280,14 +280,17 @@ def compose_methods(entries: list[str], job: DictConfig) -> tuple[list, list[str
             if name not in known:
                 raise ConfigError(f"methods: '{name}' is not a method option; choose from: {', '.join(known)}")
             own_drafter = [s for s in settings if s.split("=")[0].split(".")[0] == "drafter"]
-            overrides = [f"method={name}", *(s if s in own_drafter else f"method.{s}" for s in settings)]
+            option = [s for s in own_drafter if s.startswith("drafter=")]  # another drafter option
+            overrides = [f"method={name}", *option, *(f"method.{s}" for s in settings if s not in own_drafter)]
             try:
                 composed = compose("config", overrides=overrides)
                 placed = job.copy()
                 with open_dict(placed):
                     placed.method = composed.method
-                    if own_drafter:
-                        placed.drafter = composed.drafter
+                    if own_drafter:  # fields apply to that option, else to the job's own drafter
+                        base = composed.drafter if option or placed.get("drafter") is None else placed.drafter
+                        fields = [s.removeprefix("drafter.") for s in own_drafter if s not in option]
+                        placed.drafter = OmegaConf.merge(base, OmegaConf.from_dotlist(fields))
                 resolved = OmegaConf.to_object(placed)
                 configs.append(resolved.method)
                 drafters.append(resolved.drafter if own_drafter else None)

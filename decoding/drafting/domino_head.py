@@ -89,8 +89,9 @@ class Float32Head:
         embeddings and W_ih are frozen), so a GRU step's input is a row lookup, not a matmul; the
         released Domino rollout keeps the same table. Memory: V x 3G fp32 (150 MB for SmolLM2's head,
         1.9 GB for the published Qwen3-8B one)."""
-        if self._input_table is None:
-            self._input_table = embed.weight.float() @ self.w_ih.t()
+        if self._input_table is None:  # through the module's forward: Gemma scales its embeddings there
+            ids = torch.arange(embed.num_embeddings, device=embed.weight.device)
+            self._input_table = torch.cat([embed(chunk).float() @ self.w_ih.t() for chunk in ids.split(8192)])
         return self._input_table
 
     def state_step(self, gi: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from decoding.drafting.domino_head import correction, gru_cell
-from decoding.engine.transfer import to_host
+from decoding.engine.transfer import to_device, to_host
 from decoding.engine.tree import TokenTree
 
 
@@ -169,7 +169,7 @@ class LevelBuilder:
         from decoding.drafting.draft_tree import BuiltTree
 
         dev, lanes = self.z_proj.device, budget
-        root_gi = F.embedding(torch.tensor([root], device=dev), self.table)  # [1, 3G]
+        root_gi = F.embedding(to_device([root], dev), self.table)  # [1, 3G]
         h = gru_cell(root_gi, root_gi.new_zeros(1, self.w_hh_t.shape[0]), self.w_hh_t)
         h = torch.cat([h, h.new_zeros(lanes - 1, h.shape[1])])
         score = torch.full((lanes,), NEG_INF, dtype=torch.float64, device=dev)
@@ -187,11 +187,13 @@ class LevelBuilder:
                 break
         if not children:
             return BuiltTree(TokenTree.root_only(root), [0.0])
-        # only nodes reaching the final W-th best can be in the tree: read those and the lanes, once
+        # only the best W nodes found can be in the tree (twice as many read: room for an exact tie that cuts a
+        # parent off); with the lanes' sources, one host read
         scores = torch.cat(children)
-        found = torch.nonzero((scores >= best[-1]) & (scores > NEG_INF)).reshape(-1)
-        found_at, found_scores, found_ids, lane_src = to_host(found, scores.index_select(0, found),
-                                                              torch.cat(ids).index_select(0, found), torch.cat(sources))
+        top = torch.topk(scores, min(2 * lanes, len(scores)))
+        found_at, found_scores, found_ids, lane_src = to_host(top.indices, top.values,
+                                                              torch.cat(ids).index_select(0, top.indices),
+                                                              torch.cat(sources))
         return self._assemble(root, [len(c) // lanes for c in children], lanes, found_at, found_scores, found_ids,
                               lane_src, budget, admit)
 
@@ -211,10 +213,9 @@ class LevelBuilder:
         for i in order:
             if len(tokens) - 1 == budget:
                 break
-            if admit is not None and not admit(len(tokens) - 1, found_scores[i]):
-                stopped = True
-                break
             flat = found_at[i]
+            if found_scores[i] == NEG_INF:
+                break
             d = next(j for j in range(len(widths)) if flat < offsets[j + 1])
             if d == 0:
                 parent = 0
@@ -223,6 +224,9 @@ class LevelBuilder:
                 parent = position.get(offsets[d - 1] + lane_src[(d - 1) * lanes + lane])
                 if parent is None:  # an exact tie cut the parent off: its child goes too
                     continue
+            if admit is not None and not admit(len(tokens) - 1, found_scores[i]):
+                stopped = True
+                break
             position[flat] = len(tokens)
             tokens.append(found_ids[i])
             parents.append(parent)

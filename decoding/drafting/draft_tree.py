@@ -48,7 +48,7 @@ def build_best_first(root: int, expand: Expand, budget: int, max_depth: int,
         nonlocal pushes
         kids = expand(index, parents[index], tokens[index], depths[index]) if depths[index] < max_depth else ([], [])
         candidates.append(kids)
-        if kids[0]:
+        if kids[0] and kids[1][0] > NEG_INF:  # a -inf child (a masked token) is never drafted, nor its siblings
             heapq.heappush(heap, (-(scores[index] + kids[1][0]), pushes, index, 0))
             pushes += 1
 
@@ -65,13 +65,14 @@ def build_best_first(root: int, expand: Expand, budget: int, max_depth: int,
         parents.append(parent)
         depths.append(depths[parent] + 1)
         scores.append(-neg)
-        if rank + 1 < len(kid_tokens):
+        if rank + 1 < len(kid_tokens) and kid_logprobs[rank + 1] > NEG_INF:
             heapq.heappush(heap, (-(scores[parent] + kid_logprobs[rank + 1]), pushes, parent, rank + 1))
             pushes += 1
         open_node(len(tokens) - 1)
     return BuiltTree(TokenTree(tokens, parents), scores, stopped)
 
 
+NEG_INF = float("-inf")
 FIRST_READ = 32  # children per depth read at first; a tree that needs more reads more (rare)
 
 
@@ -105,8 +106,11 @@ class MarginalRows:
         if rank >= len(ids):  # this depth needs more children than read so far: read twice as many
             more = min(self.width, max(2 * len(ids), rank + 1))
             top = torch.topk(self.logprobs[depth], more)
-            values, ids = to_host(top.values, top.indices)
-            self.host[depth] = (ids, values)
+            new_values, new_ids = to_host(top.values, top.indices)
+            # ranks already handed out keep their tokens (a larger top-k may order tied values differently)
+            seen = set(ids)
+            extra = [(t, v) for t, v in zip(new_ids, new_values) if t not in seen]
+            self.host[depth] = (ids + [t for t, _ in extra], values + [v for _, v in extra])
         return self.host[depth]
 
 

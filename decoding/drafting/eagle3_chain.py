@@ -46,6 +46,7 @@ class Eagle3ChainDrafter:
     def begin(self, sequence: list[int]) -> None:
         self.cache = self.model.new_cache()
         self.last_h = None  # h of the newest target-fed row: it drafts the token after the cache's last input
+        self.scratch = ([], None, None, None)  # (tail tokens fed on own states, their K/V after the cache's, h)
 
     def on_prefill(self, output, prompt_ids: list[int]) -> None:
         self.pending = (self._features(output.hidden, None), prompt_ids[1:])
@@ -77,17 +78,11 @@ class Eagle3ChainDrafter:
             self.last_h = self.model.extend(self.cache, features, self.embed(to_device(next_tokens, device)))[-1:]
             self.passes += 1
             self.pending = (features[:0], [])
-        h = self.last_h
-        if h is None:  # a one-token prompt: nothing to draft from yet
+            self.scratch = ([], self.cache.keys, self.cache.values, self.last_h)
+        if self.last_h is None:  # a one-token prompt: nothing to draft from yet
             return [], torch.empty(0, self.vocab_size, device=device)
         sampler = sampler.for_device(device)
-        past_k, past_v = self.cache.keys, self.cache.values
-        # committed tokens past the target-fed rows (settled by a slim verifier): fed like drafts, on own h
-        for i, tok in enumerate(sequence[self.cache.length + 1:]):
-            h, k, v = self.model.step(self.embed(to_device([tok], device)), h,
-                                      torch.full((1,), self.cache.length + i, device=device), past_k, past_v)
-            past_k, past_v = torch.cat([past_k, k], dim=1), torch.cat([past_v, v], dim=1)
-            self.passes += 1
+        h, past_k, past_v = self._tail(sequence[self.cache.length + 1:], device)
         start = past_k.shape[1]  # the drafts' first position
         tokens, dists = [], []
         for i in range(gamma):
@@ -108,6 +103,21 @@ class Eagle3ChainDrafter:
                 self.passes += 1
         drafted = to_host(torch.stack(tokens))[0]
         return drafted, None if dists[0] is None else torch.stack(dists)
+
+    def _tail(self, tail: list[int], device):
+        """Committed tokens past the target-fed rows (settled by a slim verifier) fed like drafts, on the
+        drafter's own h: (h, K, V) after them. Their scratch rows are kept between drafts, so consecutive
+        slim-settled blocks feed each token once; the target's features replace them when they arrive."""
+        fed, past_k, past_v, h = self.scratch
+        if tail[:len(fed)] != fed:  # not an extension of what was fed (cannot happen between catch-ups)
+            fed, past_k, past_v, h = [], self.cache.keys, self.cache.values, self.last_h
+        for tok in tail[len(fed):]:
+            h, k, v = self.model.step(self.embed(to_device([tok], device)), h,
+                                      torch.full((1,), past_k.shape[1], device=device), past_k, past_v)
+            past_k, past_v = torch.cat([past_k, k], dim=1), torch.cat([past_v, v], dim=1)
+            self.passes += 1
+        self.scratch = (list(tail), past_k, past_v, h)
+        return h, past_k, past_v
 
     def record(self, stats) -> None:
         stats.add_extra("drafter_forwards", self.passes)

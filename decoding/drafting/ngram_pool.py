@@ -60,7 +60,9 @@ class CorpusNGrams:
         """`token_ids`: one token sequence, or several documents (no n-gram crosses from one to the next)."""
         from collections import Counter
 
-        documents = token_ids if len(token_ids) and not isinstance(token_ids[0], int) else [token_ids]
+        first = token_ids[0] if len(token_ids) else 0
+        nested = isinstance(first, (list, tuple)) or getattr(first, "ndim", 0) > 0  # a list of documents
+        documents = token_ids if nested else [token_ids]
         self.max_key_len = max_key_len
         self.table: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
         for key_len in range(1, max_key_len + 1):

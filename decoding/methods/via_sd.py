@@ -138,6 +138,8 @@ class VIASD(Method):
         t0 = time.perf_counter()
         drafts, p = self.drafter.draft(state.sequence, self.gamma, state.temperature, state.sampler)
         t1 = time.perf_counter()
+        if not drafts:  # nothing drafted (a feature drafter before its first row): the full target's own step
+            return self._escalate(state, drafts, p, 0, [], [], t0, t1)
         chain = TokenTree.chain(state.root, drafts, list(p))
         s = probabilities(self.middle_logits(state, chain), state.temperature)
         state.stats.add_extra("slim_forwards" if self.middle_model is None else "middle_forwards", 1)

@@ -43,6 +43,7 @@ from pipeline.train.prompts import (CHAT_TEMPLATES, CHAT_TOPICS, chat_requests, 
 
 log = logging.getLogger(__name__)
 
+SHARD = re.compile(r"shard_\d{5}\.npz")  # a finished shard (temp files and other builders' leftovers do not match)
 NGRAM = 13  # words shared with an evaluation prompt that make a training prompt contaminated
 MORE_TEMPLATES = (
     "Describe a typical day of someone who works with {t}.",
@@ -187,6 +188,9 @@ def self_questions(model, tokenizer, cfg: CorpusConfig, out_dir: Path, stop_ids,
     path = out_dir / "questions.json"
     if path.exists():
         return json.loads(path.read_text())
+    if cfg.descending:  # a second builder must use the first one's questions, or the prompt lists differ
+        raise ConfigError(f"{path} does not exist yet: start the first builder (ascending) and add the second one "
+                          "with corpus.descending=true once it has written its questions")
     asks = [a.format(t=t) for a in QUESTION_ASKS for t in SEED_TOPICS]
     rng = random.Random(cfg.seed)
     questions: list[str] = []
@@ -201,16 +205,24 @@ def self_questions(model, tokenizer, cfg: CorpusConfig, out_dir: Path, stop_ids,
                 questions.append(text)
         log.info("self-written questions: %d of %d after %d attempts", len(questions), cfg.self_questions, attempt)
     rng.shuffle(questions)
-    path.write_text(json.dumps(questions, indent=1))
+    tmp = temp_path(path)
+    tmp.write_text(json.dumps(questions, indent=1))
+    tmp.replace(path)
     return questions
 
 
 def write_shard(path: Path, pairs, sources) -> None:
     lengths = np.array([[len(p), len(a)] for p, a in pairs], dtype=np.int32)
     ids = np.array([t for p, a in pairs for t in p + a], dtype=np.int32)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp.npz")  # two builders may finish the same shard: no shared temp file
-    np.savez(tmp, ids=ids, lengths=lengths, sources=np.array(sources))
+    tmp = temp_path(path)  # two builders may finish the same shard: no shared temp file
+    with open(tmp, "wb") as f:  # a file object: np.savez would append .npz to a name
+        np.savez(f, ids=ids, lengths=lengths, sources=np.array(sources))
     tmp.replace(path)
+
+
+def temp_path(path: Path) -> Path:
+    """A per-process temp name that no shard pattern matches (shard_00001.npz.<pid>.tmp)."""
+    return path.with_name(f"{path.name}.{os.getpid()}.tmp")
 
 
 def read_shards(paths: list[Path]) -> list[dict]:
@@ -230,11 +242,12 @@ def bundle(out_dir: Path, samples: list[dict], vocab_size: int) -> Path:
     dtype = np.uint16 if vocab_size <= 65536 else np.int32
     path = out_dir / "corpus.npz"
     ids = np.concatenate([s["ids"].numpy().astype(dtype) for s in samples])
-    tmp = path.with_suffix(f".{os.getpid()}.tmp.npz")
-    np.savez_compressed(tmp, ids=ids,
-                        lengths=np.array([[s["prompt_len"], len(s["ids"]) - s["prompt_len"]] for s in samples],
-                                         dtype=np.int32),
-                        sources=np.array([s["source"] for s in samples]))
+    tmp = temp_path(path)
+    with open(tmp, "wb") as f:
+        np.savez_compressed(f, ids=ids,
+                            lengths=np.array([[s["prompt_len"], len(s["ids"]) - s["prompt_len"]] for s in samples],
+                                             dtype=np.int32),
+                            sources=np.array([s["source"] for s in samples]))
     tmp.replace(path)
     return path
 
@@ -243,7 +256,7 @@ def load_corpus(location: str) -> list[dict]:
     """Samples of a corpus: its corpus.npz (a file, or a folder holding it), else its shards."""
     path = Path(location)
     bundled = path if path.suffix == ".npz" else path / "corpus.npz"
-    paths = [bundled] if bundled.is_file() else sorted(path.glob("shard_*.npz"))
+    paths = [bundled] if bundled.is_file() else sorted(p for p in path.glob("shard_*.npz") if SHARD.fullmatch(p.name))
     if not paths:
         raise ConfigError(f"corpus {location}: no corpus.npz and no shard_*.npz "
                           "(build it: python -m pipeline.train.corpus)")

@@ -60,7 +60,7 @@ def new_eagle3(target_config, layer_ids: list[int], draft_vocab_size: int, count
 @torch.no_grad()
 def teacher_pass(target, ids: torch.Tensor, layer_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """(features [T, 3H] of the three layers, final-norm hidden states [T, H]), float32."""
-    out = target(input_ids=ids[None].to(target.device), output_hidden_states=True)
+    out = target(input_ids=ids[None].to(target.device), output_hidden_states=True, logits_to_keep=1)
     # hidden_states[i + 1] is the output of decoder layer i; the last entry is after the final norm
     feats = torch.cat([out.hidden_states[i + 1][0] for i in layer_ids], dim=-1).float()
     return feats, out.hidden_states[-1][0].float()
@@ -90,8 +90,10 @@ def ttt_steps(drafter: Eagle3Drafter, embed, feats, finals, unembed, ids, prompt
     """Per step j: (soft-CE loss, top-1 agreement [T-1] bool, valid [T-1] bool) over the rows t = 0..T-2."""
     n = len(ids) - 1
     t2d = drafter.t2d
-    with torch.no_grad():  # the target's distribution at every position, once per sequence (step j reads rows t+1+j)
-        full = finals @ unembed.t()  # [T, V]
+    # the target's distribution at every position, once per sequence (step j reads rows t+1+j), in fp32 even
+    # inside the trainer's bf16 autocast
+    with torch.no_grad(), torch.autocast(finals.device.type, enabled=False):
+        full = finals.float() @ unembed.float().t()  # [T, V]
         best_all = full.argmax(-1)
         teacher_all = torch.softmax(full[:, t2d], dim=-1)  # renormalised over the draft vocabulary
         del full

@@ -11,6 +11,7 @@ import math
 import os
 import random
 import time
+import zlib
 from pathlib import Path
 
 import torch
@@ -24,7 +25,6 @@ from pipeline.train.objectives import dflash_loss, domino_loss, sample_blocks
 from pipeline.train.prompts import training_prompts
 
 log = logging.getLogger(__name__)
-VALIDATION_POOL = 1024  # corpus answers the validation set is drawn from (its first shards)
 
 
 def new_drafter(cfg: TrainConfig, target_config) -> DFlashDrafter:
@@ -132,12 +132,13 @@ def training_samples(cfg: TrainConfig, target, tokenizer) -> list[dict]:
         from pipeline.train.corpus import load_corpus
 
         samples = load_corpus(cfg.data.corpus)
-        # validation answers come from the corpus's first shards only (a seeded pick among them), so they stay
-        # the same while the corpus is still growing (a run resumed on more shards never trains on them)
-        head = VALIDATION_POOL if len(samples) > 2 * VALIDATION_POOL else len(samples)
-        val_index = set(random.Random(cfg.data.seed).sample(range(head), min(cfg.drafter.val_sequences, head)))
-        val = [s for i, s in enumerate(samples) if i in val_index]
-        rest = [s for i, s in enumerate(samples) if i not in val_index]
+        # validation: the answers whose prompts hash lowest (seeded). A run resumed on a grown corpus never
+        # trains on its validation answers: one of them that was there before was among the lowest then too
+        def key(sample):
+            return zlib.crc32(sample["ids"][:sample["prompt_len"]].numpy().tobytes(), cfg.data.seed)
+
+        ordered = sorted(samples, key=key)
+        val, rest = ordered[:cfg.drafter.val_sequences], ordered[cfg.drafter.val_sequences:]
         random.Random(cfg.data.seed).shuffle(rest)
         return val + rest
     prompts = training_prompts(cfg.data.num_prompts, cfg.data.seed)
@@ -157,7 +158,7 @@ def with_taps(sample: dict, target, layers: list[int], max_len: int | None = Non
     if "hidden" in sample:
         return sample
     ids = sample["ids"][:max_len]
-    out = target(input_ids=ids[None].to(target.device), output_hidden_states=True)
+    out = target(input_ids=ids[None].to(target.device), output_hidden_states=True, logits_to_keep=1)
     hidden = torch.stack([out.hidden_states[layer + 1][0, :-1] for layer in layers], dim=1)
     return {**sample, "ids": ids, "hidden": hidden.to(torch.float16).cpu()}
 

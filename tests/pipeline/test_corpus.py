@@ -84,3 +84,16 @@ def test_the_corpus_is_built_in_resumable_shards_and_read_back_by_training(tiny_
         assert (a["ids"] == b["ids"]).all() and (a["lengths"] == b["lengths"]).all()
     with pytest.raises(ConfigError, match="no corpus.npz and no shard"):
         load_corpus(str(tmp_path / "nothing"))
+
+
+def test_a_second_builder_needs_the_first_ones_questions_and_temp_files_are_not_shards(tmp_path):
+    from pipeline.train.corpus import write_shard
+
+    with pytest.raises(ConfigError, match="start the first builder"):
+        build_corpus(None, None, CorpusConfig(out_dir=str(tmp_path / "c"), descending=True), {2}, show_progress=False)
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    write_shard(folder / "shard_00000.npz", [([1, 2], [3, 4])], ["chat"])
+    (folder / "shard_00001.npz.999.tmp").write_bytes(b"half written")  # another builder's write in progress
+    (folder / "shard_00002.tmp.npz").write_bytes(b"left by an older builder")
+    assert [s["ids"].tolist() for s in load_corpus(str(folder))] == [[1, 2, 3, 4]]

@@ -401,7 +401,11 @@ def test_a_methods_entry_can_bring_its_own_drafter(tiny_model_dirs, tmp_path):
     assert labels == ["ar", "sd", "sd_drafter=eagle3", "sd_drafter.gamma=3"]
     assert drafters[1] is None  # the job's drafter
     assert drafters[2].kind == "eagle3" and drafters[2].checkpoint == "AngelSlim/Qwen3-8B_eagle3"
-    assert drafters[3].gamma == 3
+    assert drafters[3].gamma == 3 and drafters[3].kind == "early_exit"  # the job's drafter, with γ = 3
+    with initialize_config_module(config_module="conf", version_base="1.3"):
+        job = compose("config", overrides=["model=qwen3-8b", "drafter=eagle3", "methods=['sd drafter.gamma=3']"])
+        _, _, drafters = compose_methods(list(job.methods), job)
+    assert drafters[1].kind == "eagle3" and drafters[1].gamma == 3  # fields apply to the job's own drafter
     from pipeline.errors import ConfigError
 
     with pytest.raises(ConfigError, match="drafter=nope"):

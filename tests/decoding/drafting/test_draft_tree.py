@@ -66,6 +66,17 @@ def test_marginal_tree_reads_more_ranks_when_a_depth_needs_them():
     assert len(built.tree.children[0]) > draft_tree.FIRST_READ  # the lazy read was needed
 
 
+def test_a_wider_read_keeps_the_ranks_already_handed_out():
+    """Tied log-probs: a larger top-k may order them differently; the ranks a tree already used keep
+    their tokens and no token appears twice."""
+    from decoding.drafting.draft_tree import MarginalRows
+
+    rows = MarginalRows(torch.zeros(2, 200), k=200, first_read=8)
+    first = list(rows.ranked(0, 0)[0])
+    ids, values = rows.ranked(0, 150)
+    assert ids[:8] == first and len(set(ids)) == len(ids) >= 151 and len(values) == len(ids)
+
+
 def domino_case(make, seed: int, vocab=9, depth=4):
     drafter = make(vocab=vocab, domino=True, seed=seed)
     spec = drafter.spec

@@ -138,6 +138,8 @@ def test_via_sd_slim_settled_tokens_reach_eagle3_as_target_features(tiny_target,
     rows = drafter.cache.length
     assert state.stats.extra.get("escalations", 0) > 0 and state.stats.extra.get("settled_slim", 0) > 0
     assert any(pos < rows for pos in lagged), "no slim-settled token got its target features later"
+    # each committed token is fed to the drafter at most once on its own states: no re-feeding of the tail
+    assert state.stats.extra["drafter_forwards"] <= state.stats.num_steps * (via.gamma + 1) + len(state.new_tokens)
     fresh = TargetModel(tiny_target.model)
     taps = fresh.prefill(state.sequence[:rows], drafter.hidden_layers).hidden
     features = torch.cat([taps[layer] for layer in drafter.hidden_layers], dim=-1)
@@ -145,3 +147,11 @@ def test_via_sd_slim_settled_tokens_reach_eagle3_as_target_features(tiny_target,
     drafter.model.extend(cache, features, drafter.embed(torch.tensor(state.sequence[1:rows + 1])))
     torch.testing.assert_close(drafter.cache.keys, cache.keys, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(drafter.cache.values, cache.values, atol=1e-5, rtol=1e-4)
+
+
+def test_via_sd_with_eagle3_on_a_one_token_prompt_runs_the_full_target_first(tiny_target, tmp_path):
+    """Before EAGLE-3 has a row to draft from, the step is the full target's own (no slim-only text)."""
+    via, _ = via_sd_with_eagle3(tiny_target, tmp_path, agree_threshold=0.0, slim_threshold=0.0)
+    state = generate(via, tiny_target, PROMPT[:1], max_new_tokens=6, temperature=1.0, seed=2)
+    assert len(state.new_tokens) == 6 and state.stats.extra.get("escalations", 0) >= 1
+    assert state.stats.target_forwards > state.stats.extra.get("slim_forwards", 0)
