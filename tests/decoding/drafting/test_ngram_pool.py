@@ -44,7 +44,7 @@ def test_corpus_table_never_joins_two_documents():
     assert one.get([3], limit=3) == []  # as one concatenated text, 3 -> 1 would have been seen twice
     import numpy as np
 
-    flat = CorpusNGrams(np.array([1, 2, 3] * 2, dtype=np.int32), length=1, max_key_len=1, top_k=5, min_count=2)
+    flat = CorpusNGrams(np.array([1, 2, 3] * 3, dtype=np.int32), length=1, max_key_len=1, top_k=5, min_count=2)
     assert flat.get([3], limit=3) == [(1,)]  # one array is one document
 
 
