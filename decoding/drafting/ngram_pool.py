@@ -57,25 +57,37 @@ class CorpusNGrams:
 
     def __init__(self, token_ids: Sequence[int] | Sequence[Sequence[int]], length: int, max_key_len: int, top_k: int,
                  min_count: int):
-        """`token_ids`: one token sequence, or several documents (no n-gram crosses from one to the next)."""
-        from collections import Counter
+        """`token_ids`: one token sequence, or several documents (no n-gram crosses from one to the next).
+        Counted with numpy (a self-distillation corpus is millions of tokens): every window of key + gram
+        tokens, unique windows with their counts and first occurrence; per key the `top_k` most frequent
+        grams (ties: first seen first, as Counter.most_common) among those seen `min_count` times or more."""
+        import numpy as np
 
         first = token_ids[0] if len(token_ids) else 0
         nested = isinstance(first, (list, tuple)) or getattr(first, "ndim", 0) > 0  # a list of documents
         documents = token_ids if nested else [token_ids]
+        # one array, documents separated by -1: a window holding -1 crosses a boundary and is dropped
+        parts = [np.asarray(d, dtype=np.int64) for d in documents if len(d)]
+        text = np.concatenate([x for d in parts for x in (d, np.array([-1]))]) if parts else np.zeros(0, np.int64)
         self.max_key_len = max_key_len
         self.table: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
         for key_len in range(1, max_key_len + 1):
-            counts: dict[tuple[int, ...], Counter] = {}
-            for ids in documents:
-                ids = list(ids)
-                for i in range(len(ids) - key_len - length + 1):
-                    key = tuple(ids[i:i + key_len])
-                    counts.setdefault(key, Counter())[tuple(ids[i + key_len:i + key_len + length])] += 1
-            for key, counter in counts.items():
-                frequent = [g for g, c in counter.most_common(top_k) if c >= min_count]
-                if frequent:
-                    self.table[key] = frequent
+            width = key_len + length
+            if len(text) < width:
+                continue
+            windows = np.lib.stride_tricks.sliding_window_view(text, width)
+            windows = windows[(windows >= 0).all(axis=1)]
+            if not len(windows):
+                continue
+            rows, first_seen, counts = np.unique(windows, axis=0, return_index=True, return_counts=True)
+            frequent = counts >= min_count
+            rows, first_seen, counts = rows[frequent], first_seen[frequent], counts[frequent]
+            # per key: most frequent first, then first seen (lexsort: last key is the primary one)
+            order = np.lexsort((first_seen, -counts, *(rows[:, c] for c in range(key_len - 1, -1, -1))))
+            for row in rows[order].tolist():
+                grams = self.table.setdefault(tuple(row[:key_len]), [])
+                if len(grams) < top_k:
+                    grams.append(tuple(row[key_len:]))
 
     def get(self, context: Sequence[int], limit: int, exclude: Iterable[tuple[int, ...]] = ()) -> list[tuple[int, ...]]:
         found: list[tuple[int, ...]] = []

@@ -48,6 +48,28 @@ def test_corpus_table_never_joins_two_documents():
     assert flat.get([3], limit=3) == [(1,)]  # one array is one document
 
 
+def test_corpus_table_equals_counting_every_window():
+    """The numpy count gives Self-Draft's CorpusCache table: per key the top_k most frequent grams seen
+    at least min_count times, ties in order of first occurrence (Counter.most_common)."""
+    import random
+    from collections import Counter
+
+    rng = random.Random(0)
+    docs = [[rng.randrange(5) for _ in range(rng.randint(0, 60))] for _ in range(30)]
+    got = CorpusNGrams(docs, length=2, max_key_len=3, top_k=3, min_count=2).table
+    want = {}
+    for key_len in range(1, 4):
+        counts = {}
+        for ids in docs:
+            for i in range(len(ids) - key_len - 2 + 1):
+                counts.setdefault(tuple(ids[i:i + key_len]), Counter())[tuple(ids[i + key_len:i + key_len + 2])] += 1
+        for key, counter in counts.items():
+            frequent = [g for g, c in counter.most_common(3) if c >= 2]
+            if frequent:
+                want[key] = frequent
+    assert got == want
+
+
 def test_bigram_redundancy_counts_repeats_across_branches_and_tree_edges_once():
     assert bigram_redundancy([(1, 2, 3), (1, 2, 4)]) == (4, 1)
     assert bigram_redundancy([(1, 2, 3), (5, 6, 7)]) == (4, 0)

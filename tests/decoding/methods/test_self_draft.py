@@ -73,13 +73,14 @@ def test_corpus_cache_adds_candidates_from_a_text_file(tiny_llama, tmp_path):
     assert tuple(tiny_llama.tokenizer.encode(" sat", add_special_tokens=False)) in found
 
 
-def test_corpus_cache_reads_a_self_distillation_bundle(tiny_llama, tmp_path):
+def test_corpus_cache_reads_a_self_distillation_bundle(tiny_llama, tmp_path, monkeypatch):
     """A corpus.npz of `python -m pipeline.train.corpus`: its answers' token ids, one document each
     (the prompts are not part of the table)."""
     import numpy as np
 
     from pipeline.train.corpus import bundle
 
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
     answer, prompt = [50, 51, 52, 53], [9, 9, 9, 9]
     samples = [{"ids": torch.tensor(prompt + answer), "prompt_len": len(prompt), "source": "chat"}] * 6
     path = bundle(tmp_path, samples, tiny_llama.config.vocab_size)
@@ -88,6 +89,15 @@ def test_corpus_cache_reads_a_self_distillation_bundle(tiny_llama, tmp_path):
     assert (51, 52, 53) in m.candidates([7, 50])
     assert not m.candidates([9, 9])  # prompt tokens are not in the table
     assert np.load(path)["ids"].dtype == np.uint16
+    import decoding.methods.self_draft as self_draft
+
+    def no_counting(*args, **kwargs):
+        raise AssertionError("the table should come from the cache")
+
+    monkeypatch.setattr(self_draft, "CorpusNGrams", no_counting)
+    again = SelfDraft(SelfDraftConfig(corpus_path=str(path), corpus_min_count=2, context_gram_n=3))
+    again.setup(tiny_llama)  # built once, read back from the cache
+    assert (51, 52, 53) in again.candidates([7, 50])
 
 
 def test_missing_corpus_file_is_a_config_error(tmp_path):
