@@ -81,6 +81,9 @@ class CorpusConfig:
     # a second builder on the same out_dir (another core or node) with descending=true takes the shards from the
     # last one down while the first goes up: they meet in the middle and either bundles the result
     descending: bool = False
+    # bundle the shards written so far (corpus.npz + stats.json marked partial) and generate nothing: a snapshot
+    # to ship or train on while a long build is stopped; no model is loaded
+    bundle_only: bool = False
 
     def __post_init__(self) -> None:
         check_range("corpus.num_prompts", self.num_prompts, 1)
@@ -300,13 +303,39 @@ def build_corpus(model, tokenizer, cfg: CorpusConfig, stop_ids: set[int], templa
             progress.update(task, completed=done + 1)
     samples = read_shards(shards)
     bundled = bundle(out_dir, samples, model.config.vocab_size)
-    stats = {"prompts": len(samples), "dropped_contaminated": dropped,
-             "answer_tokens": sum(len(s["ids"]) - s["prompt_len"] for s in samples),
-             "by_source": {k: sum(s["source"] == k for s in samples) for k in pools},
-             "bundle_mb": round(bundled.stat().st_size / 2**20, 2)}
+    return write_stats(out_dir, samples, bundled, {"complete": True, "shards": len(shards),
+                                                   "dropped_contaminated": dropped})
+
+
+def write_stats(out_dir: Path, samples: list[dict], bundled: Path, extra: dict) -> dict:
+    stats = {"prompts": len(samples), "answer_tokens": sum(len(s["ids"]) - s["prompt_len"] for s in samples),
+             "by_source": {k: sum(s["source"] == k for s in samples) for k in sorted({s["source"] for s in samples})},
+             "bundle_mb": round(bundled.stat().st_size / 2**20, 2), **extra}
     (out_dir / "stats.json").write_text(json.dumps(stats, indent=2))
     log.info("corpus: %s", stats)
     return stats
+
+
+def bundle_written(out_dir: Path) -> dict:
+    """corpus.npz and stats.json of the shards written so far (`complete: false`: a build still to resume)."""
+    paths = sorted(p for p in out_dir.glob("shard_*.npz") if SHARD.fullmatch(p.name))
+    if not paths:
+        raise ConfigError(f"corpus.bundle_only: {out_dir} holds no shard_*.npz (build it: python -m pipeline.train.corpus)")
+    samples = read_shards(paths)
+    bundled = bundle(out_dir, samples, max(int(s["ids"].max()) for s in samples) + 1)
+    return write_stats(out_dir, samples, bundled, {"complete": False, "shards": len(paths),
+                                                   "shard_ids": id_ranges([int(p.stem[6:]) for p in paths])})
+
+
+def id_ranges(ids: list[int]) -> str:
+    """[0, 1, 2, 5, 7, 8] -> "0-2,5,7-8\"."""
+    runs: list[list[int]] = []
+    for i in sorted(ids):
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    return ",".join(f"{a}-{b}" if b > a else f"{a}" for a, b in runs)
 
 
 # ------------------------------------------------------------------------------------------- the command
@@ -338,6 +367,9 @@ def main() -> None:
         with exit_on_user_error(USER_ERRORS):
             if job.threads:
                 torch.set_num_threads(job.threads)
+            if job.corpus.bundle_only:
+                bundle_written(Path(job.corpus.out_dir))
+                return
             model, tokenizer = load_model(job.model)
             build_corpus(model, tokenizer, job.corpus, stop_token_ids(model, tokenizer),
                          dict(job.model.chat_template_kwargs), show_progress=sys.stderr.isatty())

@@ -97,3 +97,21 @@ def test_a_second_builder_needs_the_first_ones_questions_and_temp_files_are_not_
     (folder / "shard_00001.npz.999.tmp").write_bytes(b"half written")  # another builder's write in progress
     (folder / "shard_00002.tmp.npz").write_bytes(b"left by an older builder")
     assert [s["ids"].tolist() for s in load_corpus(str(folder))] == [[1, 2, 3, 4]]
+
+
+def test_bundle_only_snapshots_the_shards_written_so_far_as_a_partial_corpus(tmp_path):
+    from pipeline.train.corpus import bundle_written, write_shard
+
+    with pytest.raises(ConfigError, match="holds no shard"):
+        bundle_written(tmp_path)
+    write_shard(tmp_path / "shard_00000.npz", [([1, 2], [3, 4, 5]), ([6], [7])], ["chat", "code"])
+    write_shard(tmp_path / "shard_00003.npz", [([8, 9], [10])], ["self"])
+    stats = bundle_written(tmp_path)
+    assert stats["complete"] is False and stats["shards"] == 2 and stats["shard_ids"] == "0,3"
+    assert stats["prompts"] == 3 and stats["answer_tokens"] == 5
+    assert stats["by_source"] == {"chat": 1, "code": 1, "self": 1}
+    assert json.loads((tmp_path / "stats.json").read_text()) == stats
+    bundled = load_corpus(str(tmp_path))  # the bundle is what a folder with corpus.npz is read as
+    assert (tmp_path / "corpus.npz").is_file()
+    assert [s["ids"].tolist() for s in bundled] == [[1, 2, 3, 4, 5], [6, 7], [8, 9, 10]]
+    assert [s["prompt_len"] for s in bundled] == [2, 1, 2]
