@@ -74,6 +74,28 @@ def test_shipped_smollm2_exit_head_is_lossless_and_drafts_better_than_the_plain_
     assert accepted["head"] > accepted["plain"]
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("tree", [True, False], ids=["tree", "chain"])
+def test_shipped_smollm2_eagle3_is_lossless_and_accepts_its_drafts(real_target, tree):
+    """drafters/smollm2-135m/eagle3 (python -m pipeline.train drafter=eagle3 on the self-distillation
+    corpus), as `model.drafters.eagle3` resolves it: greedy eagle3 equals AR in fp32, in tree and chain mode,
+    and more than one token is committed per target forward."""
+    from decoding.methods.eagle3 import Eagle3, Eagle3Config
+
+    if real_target.config.model_type != "llama":
+        pytest.skip("the shipped EAGLE-3 drafter is SmolLM2-135M's")
+    tok = real_target.tokenizer
+    text = tok.apply_chat_template([{"role": "user", "content": "Explain how a rainbow forms."}], tokenize=False,
+                                   add_generation_prompt=True)
+    prompt = tok(text, add_special_tokens=False)["input_ids"]
+    ar = generate(AR(), real_target, prompt, max_new_tokens=48).new_tokens
+    method = Eagle3(Eagle3Config(drafter="drafters/smollm2-135m/eagle3", tree=tree))
+    method.setup(real_target)
+    state = generate(method, real_target, prompt, max_new_tokens=48)
+    assert state.new_tokens == ar
+    assert state.stats.tau() > 1.2, state.stats.tau()
+
+
 # Every method that needs no trained drafter, on Gemma 3 270M as `python -m pipeline model=gemma3-270m
 # method=M` runs it (fp32, so losslessness is exact): the task's prompt builder (the base model ships no
 # chat template: the builder's plain-prompt form), one HumanEval and one GSM8K prompt, past a rejected draft.
