@@ -93,7 +93,7 @@ def test_shipped_smollm2_eagle3_is_lossless_and_accepts_its_drafts(real_target, 
     method.setup(real_target)
     state = generate(method, real_target, prompt, max_new_tokens=48)
     assert state.new_tokens == ar
-    assert state.stats.tau() > 1.2, state.stats.tau()
+    assert state.stats.tau > 1.2, state.stats.tau
 
 
 # Every method that needs no trained drafter, on Gemma 3 270M as `python -m pipeline model=gemma3-270m
