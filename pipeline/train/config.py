@@ -57,6 +57,7 @@ class DrafterTrainConfig:
     seed: int = 0
     exit_layer: int = 6  # exit_head: the early exit it translates (decoder layers [0, exit_layer))
     tokens_per_step: int = 1024  # exit_head: positions per optimizer step
+    max_train_positions: int = 262144  # exit_head: drafting positions whose features are kept in memory (2 x H floats each)
     eagle_layer_ids: list[int] = field(default_factory=list)  # eagle3: output ids; [] = 1, L//2-1, L-4 (EAGLE's)
     draft_vocab_size: int = 8192  # eagle3: the most frequent answer tokens (EAGLE-3 Llama-3.1-8B: 32000)
     ttt_length: int = 7  # eagle3: training-time-test steps (EAGLE-3 / SpecForge: 7)
@@ -70,6 +71,7 @@ class DrafterTrainConfig:
         check_range("drafter.draft_vocab_size", self.draft_vocab_size, 2)
         check_range("drafter.exit_layer", self.exit_layer, 1)
         check_range("drafter.tokens_per_step", self.tokens_per_step, 1)
+        check_range("drafter.max_train_positions", self.max_train_positions, 1)
         check_range("drafter.block_size", self.block_size, 2)
         check_range("drafter.lambda_start", self.lambda_start, 0.0, 1.0)
         check_range("drafter.lambda_end", self.lambda_end, 0.0, 1.0)

@@ -49,13 +49,28 @@ class Readout:
         return soft_cap(F.linear(self.norm(head(h)).float(), self.unembed), self.cap)
 
 
+def within_positions(samples: list[dict], limit: int, seed: int) -> list[dict]:
+    """A seeded random subset of the answers with at most `limit` drafting positions in all (every answer
+    when they fit): the features stay in memory, so a 2 M-token corpus cannot go in whole."""
+    order = torch.randperm(len(samples), generator=torch.Generator().manual_seed(seed)).tolist()
+    picked, total = [], 0
+    for i in order:
+        n = len(samples[i]["ids"]) - samples[i]["prompt_len"]
+        if total + n > limit:
+            continue
+        picked.append(samples[i])
+        total += n
+    return picked
+
+
 @torch.no_grad()
 def exit_features(model, samples: list[dict], exit_layer: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     """(residual stream after `exit_layer` layers, final-norm output), each [N, H] float32, over the
     drafting positions of every sample."""
     inputs, finals = [], []
     for s in samples:
-        out = model(input_ids=s["ids"][None].to(model.device), output_hidden_states=True)
+        # the decoder only: the full-vocabulary logits of every position are not needed here
+        out = model.model(input_ids=s["ids"][None].to(model.device), output_hidden_states=True)
         rows = slice(s["prompt_len"] - 1, len(s["ids"]) - 1)
         # hidden_states[k] is the output of decoder layer k - 1; the last entry is after the final norm
         inputs.append(out.hidden_states[exit_layer][0, rows].to(device, torch.float32))
@@ -89,7 +104,8 @@ def train_exit_head(cfg: TrainConfig, run_config: dict, show_progress: bool = Tr
                           f"{len(samples)} answers (data.num_prompts)")
     readout = Readout(target)
     val_in, val_final = exit_features(target, samples[:d.val_sequences], d.exit_layer, readout.device)
-    train_in, train_final = exit_features(target, samples[d.val_sequences:], d.exit_layer, readout.device)
+    train_in, train_final = exit_features(target, within_positions(samples[d.val_sequences:], d.max_train_positions,
+                                                                   d.seed), d.exit_layer, readout.device)
     if len(train_in) == 0:
         raise ConfigError("drafter=exit_head: no training positions (raise data.num_prompts or lower "
                           "drafter.val_sequences)")

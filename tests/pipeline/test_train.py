@@ -208,3 +208,14 @@ def test_eagle3_training_raises_chain_acceptance_and_decodes_as_method_eagle3(ti
     # a rerun with more steps resumes
     more = compose_train([o if not o.startswith("drafter.steps") else "drafter.steps=32" for o in overrides])
     assert train(more, {}, show_progress=False)["steps"] == 32
+
+
+def test_exit_head_keeps_a_seeded_subset_of_answers_within_its_position_limit():
+    from pipeline.train.exit_head import within_positions
+
+    answers = [{"ids": torch.zeros(prompt + n, dtype=torch.long), "prompt_len": prompt, "n": n}
+               for prompt, n in [(3, 40), (5, 25), (2, 70), (4, 10), (6, 55)]]
+    assert sorted(a["n"] for a in within_positions(answers, 10_000, seed=0)) == [10, 25, 40, 55, 70]
+    picked = within_positions(answers, 100, seed=1)
+    assert 0 < sum(a["n"] for a in picked) <= 100
+    assert [a["n"] for a in picked] == [a["n"] for a in within_positions(answers, 100, seed=1)]  # seeded
