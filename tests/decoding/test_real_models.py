@@ -96,6 +96,34 @@ def test_shipped_smollm2_eagle3_is_lossless_and_accepts_its_drafts(real_target, 
     assert state.stats.tau > 1.2, state.stats.tau
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["dflash", "ddtree", "domino", "dominotree"])
+def test_shipped_smollm2_block_drafters_are_lossless_and_accept_their_drafts(real_target, name):
+    """drafters/smollm2-135m/dflash and /domino (trained on the self-distillation corpus), as the model's
+    `drafters` entries resolve them: greedy equals AR in fp32 and more than one token is committed per
+    target forward on average."""
+    from decoding.methods.ddtree import DDTree, DDTreeConfig
+    from decoding.methods.dflash import DFlash, DFlashConfig
+    from decoding.methods.domino import Domino, DominoConfig
+    from decoding.methods.dominotree import DominoTree, DominoTreeConfig
+
+    if real_target.config.model_type != "llama":
+        pytest.skip("the shipped block drafters are SmolLM2-135M's")
+    method_cls, config_cls = {"dflash": (DFlash, DFlashConfig), "ddtree": (DDTree, DDTreeConfig),
+                              "domino": (Domino, DominoConfig), "dominotree": (DominoTree, DominoTreeConfig)}[name]
+    checkpoint = "drafters/smollm2-135m/" + ("dflash" if name in ("dflash", "ddtree") else "domino")
+    tok = real_target.tokenizer
+    text = tok.apply_chat_template([{"role": "user", "content": "Write a Python function that reverses a "
+                                     "string, with a docstring."}], tokenize=False, add_generation_prompt=True)
+    prompt = tok(text, add_special_tokens=False)["input_ids"]
+    ar = generate(AR(), real_target, prompt, max_new_tokens=48).new_tokens
+    method = method_cls(config_cls(drafter=checkpoint))
+    method.setup(real_target)
+    state = generate(method, real_target, prompt, max_new_tokens=48)
+    assert state.new_tokens == ar
+    assert state.stats.tau > 1.05, state.stats.tau
+
+
 # Every method that needs no trained drafter, on Gemma 3 270M as `python -m pipeline model=gemma3-270m
 # method=M` runs it (fp32, so losslessness is exact): the task's prompt builder (the base model ships no
 # chat template: the builder's plain-prompt form), one HumanEval and one GSM8K prompt, past a rejected draft.
