@@ -211,11 +211,30 @@ def test_eagle3_training_raises_chain_acceptance_and_decodes_as_method_eagle3(ti
 
 
 def test_exit_head_keeps_a_seeded_subset_of_answers_within_its_position_limit():
-    from pipeline.train.exit_head import within_positions
+    from types import SimpleNamespace
 
-    answers = [{"ids": torch.zeros(prompt + n, dtype=torch.long), "prompt_len": prompt, "n": n}
+    from pipeline.train.exit_head import exit_features, within_positions
+
+    answers = [{"ids": torch.arange(prompt + n), "prompt_len": prompt, "n": n}
                for prompt, n in [(3, 40), (5, 25), (2, 70), (4, 10), (6, 55)]]
     assert sorted(a["n"] for a in within_positions(answers, 10_000, seed=0)) == [10, 25, 40, 55, 70]
-    picked = within_positions(answers, 100, seed=1)
-    assert 0 < sum(a["n"] for a in picked) <= 100
-    assert [a["n"] for a in picked] == [a["n"] for a in within_positions(answers, 100, seed=1)]  # seeded
+    subsets = set()
+    for seed in range(6):
+        picked = within_positions(answers, 100, seed=seed)
+        total = sum(a["n"] for a in picked)
+        assert 0 < total <= 100
+        # maximal: no answer left out would still fit
+        assert all(a["n"] > 100 - total for a in answers if not any(a is b for b in picked))
+        subsets.add(tuple(sorted(a["n"] for a in picked)))
+    assert len(subsets) > 1  # the seed chooses the subset
+
+    # the positions counted are the rows exit_features keeps (last prompt token .. last-but-one answer token)
+    def decoder(input_ids, output_hidden_states):
+        h = input_ids[0].float()[:, None].expand(-1, 4)[None]
+        return SimpleNamespace(hidden_states=[h, h + 1, h + 2])
+
+    model = SimpleNamespace(model=decoder, device=torch.device("cpu"))
+    picked = within_positions(answers, 100, seed=0)
+    inputs, finals = exit_features(model, picked, exit_layer=1, device="cpu")
+    assert len(inputs) == len(finals) == sum(a["n"] for a in picked)
+    assert inputs[0, 0] == picked[0]["prompt_len"] - 1 + 1  # layer 1's row of the last prompt token
