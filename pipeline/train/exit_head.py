@@ -49,13 +49,19 @@ class Readout:
         return soft_cap(F.linear(self.norm(head(h)).float(), self.unembed), self.cap)
 
 
+def drafting_rows(sample: dict) -> slice:
+    """The rows decoding drafts from: the last prompt token to the last-but-one answer token."""
+    return slice(sample["prompt_len"] - 1, len(sample["ids"]) - 1)
+
+
 def within_positions(samples: list[dict], limit: int, seed: int) -> list[dict]:
     """A seeded random subset of the answers with at most `limit` drafting positions in all (every answer
     when they fit): the features stay in memory, so a 2 M-token corpus cannot go in whole."""
     order = torch.randperm(len(samples), generator=torch.Generator().manual_seed(seed)).tolist()
     picked, total = [], 0
     for i in order:
-        n = len(samples[i]["ids"]) - samples[i]["prompt_len"]
+        rows = drafting_rows(samples[i])
+        n = rows.stop - rows.start
         if total + n > limit:
             continue
         picked.append(samples[i])
@@ -71,7 +77,7 @@ def exit_features(model, samples: list[dict], exit_layer: int, device) -> tuple[
     for s in samples:
         # the decoder only: the full-vocabulary logits of every position are not needed here
         out = model.model(input_ids=s["ids"][None].to(model.device), output_hidden_states=True)
-        rows = slice(s["prompt_len"] - 1, len(s["ids"]) - 1)
+        rows = drafting_rows(s)
         # hidden_states[k] is the output of decoder layer k - 1; the last entry is after the final norm
         inputs.append(out.hidden_states[exit_layer][0, rows].to(device, torch.float32))
         finals.append(out.hidden_states[-1][0, rows].to(device, torch.float32))
