@@ -236,21 +236,25 @@ class ForwardTimer:
 
         return timed
 
-    def __enter__(self) -> "ForwardTimer":
+    def _passes(self) -> list[tuple[type, str]]:
+        """The network passes: the target's forward, the block drafter's pass and its lm_head, the
+        EAGLE-3 drafter's layer, its feature fc (`extend`) and its head (`logits`)."""
         from decoding.drafting.dflash_drafter import DFlashDrafter
         from decoding.drafting.eagle3_drafter import Eagle3Drafter
+        from decoding.methods.block_draft import BlockDraftMethod
 
-        self._saved = (TargetModel._run, DFlashDrafter.forward, Eagle3Drafter.step)
-        TargetModel._run = self.wrap(TargetModel._run)
-        DFlashDrafter.forward = self.wrap(DFlashDrafter.forward)
-        Eagle3Drafter.step = self.wrap(Eagle3Drafter.step)
+        return [(TargetModel, "_run"), (DFlashDrafter, "forward"), (BlockDraftMethod, "head_logits"),
+                (Eagle3Drafter, "step"), (Eagle3Drafter, "extend"), (Eagle3Drafter, "logits")]
+
+    def __enter__(self) -> "ForwardTimer":
+        self._saved = [(owner, name, owner.__dict__[name]) for owner, name in self._passes()]
+        for owner, name, fn in self._saved:
+            setattr(owner, name, self.wrap(fn))
         return self
 
     def __exit__(self, *exc) -> None:
-        from decoding.drafting.dflash_drafter import DFlashDrafter
-        from decoding.drafting.eagle3_drafter import Eagle3Drafter
-
-        TargetModel._run, DFlashDrafter.forward, Eagle3Drafter.step = self._saved
+        for owner, name, fn in self._saved:
+            setattr(owner, name, fn)
 
 
 def host_overhead(method, target: TargetModel, prompts: list[list[int]], max_new_tokens: int,

@@ -41,11 +41,16 @@ def gru_cell(gi: torch.Tensor, h: torch.Tensor, w_hh_t: torch.Tensor) -> torch.T
     the state h [..., G] and W_hh^T [G, 3G] (one state or a batch of them); the reset and update gates
     share one sigmoid. Used by the chain and both tree builders, on every device (nn.GRU on CUDA goes
     through cuDNN, whose RNNs default to TF32)."""
+    return gru_update(gi, h @ w_hh_t, h)
+
+
+def gru_update(gi: torch.Tensor, gh: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """The GRU cell from both projections gi = W_ih x and gh = W_hh h ([..., 3G]) and the state h:
+    five kernels (addcmul and lerp fuse the n and h' lines), as few as a chain step can launch."""
     g = h.shape[-1]
-    gh = h @ w_hh_t
     ru = torch.sigmoid(gi[..., :2 * g] + gh[..., :2 * g])
-    n = torch.tanh(gi[..., 2 * g:] + ru[..., :g] * gh[..., 2 * g:])
-    return n + ru[..., g:] * (h - n)
+    n = torch.tanh(torch.addcmul(gi[..., 2 * g:], ru[..., :g], gh[..., 2 * g:]))
+    return torch.lerp(n, h, ru[..., g:])  # n + u (h - n)
 
 
 def gru_path_state(gru: nn.GRU, embeds: torch.Tensor) -> torch.Tensor:
@@ -81,6 +86,8 @@ class Float32Head:
         self.w_z = w1[:, :self.hidden_size]  # [E, H]: the z part of W1
         self.w_s = w1[:, self.hidden_size:]  # [E, G]: the GRU-state part of W1
         self.w_hh_t = self.gru.weight_hh_l0.t().contiguous()  # [G, 3G]
+        # [G, 3G + E]: a chain step's one matmul gives the next step's W_hh h and this state's W1_s h
+        self.w_next_t = torch.cat([self.w_hh_t, self.w_s.t()], dim=1).contiguous()
         self.w2 = self.embed_proj[2].weight  # [V, E]
         self._input_table: torch.Tensor | None = None
 
@@ -94,8 +101,11 @@ class Float32Head:
             self._input_table = torch.cat([embed(chunk).float() @ self.w_ih.t() for chunk in ids.split(8192)])
         return self._input_table
 
-    def state_step(self, gi: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """One GRU step from its input projection gi [3G] and state h [G] -> (new h, the new state's
-        W1_s projection [E] for the next correction)."""
-        h = gru_cell(gi, h, self.w_hh_t)
-        return h, self.w_s @ h
+    def state_step(self, gi: torch.Tensor, h: torch.Tensor, gh: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """One GRU step from its input projection gi [3G], state h [G] and W_hh h [3G] -> (new h, its
+        W_hh projection [3G] for the step after, its W1_s projection [E] for this correction): one
+        matmul per step (`w_next_t`)."""
+        h = gru_update(gi, gh, h)
+        both = h @ self.w_next_t
+        g3 = self.w_hh_t.shape[1]
+        return h, both[:g3], both[g3:]

@@ -97,9 +97,8 @@ class Eagle3ChainDrafter:
             tokens.append(tok)
             dists.append(dist)
             if i + 1 < gamma:
-                h, k, v = self.model.step(self.embed(tok.view(1)), h, torch.full((1,), start + i, device=device),
-                                          past_k, past_v)
-                past_k, past_v = torch.cat([past_k, k], dim=1), torch.cat([past_v, v], dim=1)
+                h, past_k, past_v = self.model.step(self.embed(tok.view(1)), h,
+                                                    torch.full((1,), start + i, device=device), past_k, past_v)
                 self.passes += 1
         drafted = to_host(torch.stack(tokens))[0]
         return drafted, None if dists[0] is None else torch.stack(dists)
@@ -112,9 +111,8 @@ class Eagle3ChainDrafter:
         if tail[:len(fed)] != fed:  # not an extension of what was fed (cannot happen between catch-ups)
             fed, past_k, past_v, h = [], self.cache.keys, self.cache.values, self.last_h
         for tok in tail[len(fed):]:
-            h, k, v = self.model.step(self.embed(to_device([tok], device)), h,
-                                      torch.full((1,), past_k.shape[1], device=device), past_k, past_v)
-            past_k, past_v = torch.cat([past_k, k], dim=1), torch.cat([past_v, v], dim=1)
+            h, past_k, past_v = self.model.step(self.embed(to_device([tok], device)), h,
+                                                torch.full((1,), past_k.shape[1], device=device), past_k, past_v)
             self.passes += 1
         self.scratch = (list(tail), past_k, past_v, h)
         return h, past_k, past_v

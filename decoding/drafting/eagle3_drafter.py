@@ -129,7 +129,7 @@ class Attention(nn.Module):
 
     def forward(self, x, cos, sin, past_k, past_v, mask):
         """x [n, 2H]; past K/V [kv_heads, m, d]; mask [n, m + n] bool or None (all visible).
-        Returns the attention output [n, H] and this block's K/V."""
+        Returns the attention output [n, H] and the K/V of the past rows followed by this block's."""
         n = len(x)
         q = rotate(self.q_proj(x).view(n, self.heads, self.head_dim).transpose(0, 1), cos, sin)
         k = rotate(self.k_proj(x).view(n, self.kv_heads, self.head_dim).transpose(0, 1), cos, sin)
@@ -139,7 +139,7 @@ class Attention(nn.Module):
         # grouped-query attention without copying every cached K/V row heads/kv_heads times
         out = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=attn_mask,
                                              enable_gqa=self.heads != self.kv_heads)
-        return self.o_proj(out[0].transpose(0, 1).reshape(n, -1)), k, v
+        return self.o_proj(out[0].transpose(0, 1).reshape(n, -1)), keys, values
 
 
 class MidLayer(nn.Module):
@@ -186,14 +186,15 @@ class Eagle3Drafter(nn.Module):
 
     def step(self, embeds, hidden, positions, past_k, past_v, mask=None):
         """One pass of the layer over n rows: embeds [n, H] of the input tokens, hidden [n, H] (`g`:
-        fc(features) or a parent's `h`). Returns h [n, H] (pre-norm) and the rows' K/V."""
+        fc(features) or a parent's `h`). Returns h [n, H] (pre-norm) and the K/V [kv_heads, m + n, d]
+        of the past rows followed by these rows' (the next pass's past: no caller concatenates again)."""
         layer = self.midlayer
         normed = layer.hidden_norm(hidden)
         x = torch.cat([layer.input_layernorm(embeds), normed], dim=-1)
         cos, sin = self.rope(positions, hidden.dtype)
-        attn, k, v = layer.self_attn(x, cos, sin, past_k, past_v, mask)
+        attn, keys, values = layer.self_attn(x, cos, sin, past_k, past_v, mask)
         h = (normed if self.spec.norm_before_residual else hidden) + attn
-        return h + layer.mlp(layer.post_attention_layernorm(h)), k, v
+        return h + layer.mlp(layer.post_attention_layernorm(h)), keys, values
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary logits (float32) of pre-norm states."""
@@ -219,8 +220,7 @@ class Eagle3Drafter(nn.Module):
         mask = None
         if n > 1:  # causal inside the new rows, all of the cache visible
             mask = torch.ones(n, m + n, dtype=torch.bool, device=g.device).tril(m)
-        h, k, v = self.step(next_embeds.to(g.dtype), g, positions, cache.keys, cache.values, mask)
-        cache.keys, cache.values = torch.cat([cache.keys, k], dim=1), torch.cat([cache.values, v], dim=1)
+        h, cache.keys, cache.values = self.step(next_embeds.to(g.dtype), g, positions, cache.keys, cache.values, mask)
         return h
 
 

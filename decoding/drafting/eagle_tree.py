@@ -36,24 +36,23 @@ def dynamic_tree(drafter: Eagle3Drafter, cache: Eagle3Cache, h_last: torch.Tenso
     frontier = torch.arange(k, device=device)  # pool indices of the frontier nodes
     frontier_h = h_last.expand(k, -1)
     visible = torch.zeros(k, 0, dtype=torch.bool, device=device)  # frontier rows -> earlier scratch rows
-    scratch_k, scratch_v = cache.keys[:, :0], cache.values[:, :0]
+    past_k, past_v = cache.keys, cache.values  # then the cache followed by the scratch rows of the levels so far
     eye = torch.eye(k, dtype=torch.bool, device=device)
+    row_of_child = torch.arange(k, device=device).repeat_interleave(k)  # [k * k]: a child's frontier row
     cached = torch.ones(k, cache.length, dtype=torch.bool, device=device)
     position = cache.length  # depth-1 nodes sit one past the last cached row
     passes = 0
     for level in range(depth):
         mask = torch.cat([cached, visible, eye], dim=1)
-        past_k, past_v = torch.cat([cache.keys, scratch_k], dim=1), torch.cat([cache.values, scratch_v], dim=1)
-        h, new_k, new_v = drafter.step(embed(tokens), frontier_h, torch.full((k,), position + level, device=device),
-                                       past_k, past_v, mask)
+        h, past_k, past_v = drafter.step(embed(tokens), frontier_h, torch.full((k,), position + level, device=device),
+                                         past_k, past_v, mask)
         passes += 1
-        scratch_k, scratch_v = torch.cat([scratch_k, new_k], dim=1), torch.cat([scratch_v, new_v], dim=1)
         child_logp, child_ids = torch.topk(torch.log_softmax(drafter.logits(h), dim=-1), k)  # [k, k]
         child_scores = (scores[:, None] + child_logp).reshape(-1)
         offset = sum(len(s) for s in pool_scores)
         pool_scores.append(child_scores)
         pool_tokens.append(drafter.to_target_ids(child_ids.reshape(-1)))
-        pool_parents.append(frontier.repeat_interleave(k))
+        pool_parents.append(frontier[row_of_child])
         if level == depth - 1:
             break
         scores, best = torch.topk(child_scores, k)
@@ -80,8 +79,7 @@ def chain(drafter: Eagle3Drafter, cache: Eagle3Cache, h_last: torch.Tensor, embe
     h = h_last[None]
     past_k, past_v = cache.keys, cache.values
     for i in range(length - 1):
-        h, new_k, new_v = drafter.step(embed(picks[-1].view(1)), h, torch.full((1,), cache.length + i, device=device),
-                                       past_k, past_v)
-        past_k, past_v = torch.cat([past_k, new_k], dim=1), torch.cat([past_v, new_v], dim=1)
+        h, past_k, past_v = drafter.step(embed(picks[-1].view(1)), h,
+                                         torch.full((1,), cache.length + i, device=device), past_k, past_v)
         picks.append(drafter.to_target_ids(drafter.logits(h)[0].argmax()))
     return TokenTree.chain(root, to_host(torch.stack(picks))[0]), length - 1

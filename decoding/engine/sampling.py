@@ -60,16 +60,19 @@ class Sampler:
         """U[0, 1) on the sampler's device."""
         return torch.rand(shape, generator=self.generator, device=self.device, dtype=dtype)
 
-    def categorical(self, probs: torch.Tensor) -> torch.Tensor:
+    def categorical(self, probs: torch.Tensor, uniform: torch.Tensor | None = None) -> torch.Tensor:
         """One index per row of `probs` ([V] -> scalar, [n, V] -> [n]); rows need not be normalised
-        (a zero row is not allowed). Inverse CDF: the first index whose running sum exceeds u * total."""
+        (a zero row is not allowed). Inverse CDF: the first index whose running sum exceeds u * total.
+        `uniform`: the rows' U[0, 1) draws in float64 ([n] or [n, 1], or one for a [V] row), taken
+        from `uniform()` beforehand by a loop that samples position after position (a Domino chain):
+        one draw per step instead of one per position."""
         self.check(probs)
-        rows = probs if probs.dim() == 2 else probs.reshape(-1, probs.shape[-1])
+        rows = probs if probs.dim() == 2 else probs.view(1, -1)
         # float64: a float32 running sum stops growing for entries below ~3e-8 once it passes 0.5 (they
         # could never be drawn) and rounds every other entry to steps of ~6e-8
         cdf = rows.cumsum(-1, dtype=torch.float64)
-        u = self.uniform((rows.shape[0], 1), torch.float64)
-        picked = torch.searchsorted(cdf, u.mul_(cdf[:, -1:]), right=True).clamp_max_(rows.shape[-1] - 1)
+        u = self.uniform((rows.shape[0], 1), torch.float64) if uniform is None else uniform.view(-1, 1)
+        picked = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).clamp_max_(rows.shape[-1] - 1)
         return picked.view(probs.shape[:-1])
 
 

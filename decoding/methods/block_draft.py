@@ -88,5 +88,9 @@ class BlockDraftMethod(Method):
         hidden = self.drafter.draft(self.cache, self.new_context, self.embed(block), start)
         self.new_context = self.new_context[:0]
         rows = hidden if spec.shift_label else hidden[1:]
-        return DraftPass(rows, self.lm_head(rows).float())
+        return DraftPass(rows, self.head_logits(rows))
+
+    def head_logits(self, rows: torch.Tensor) -> torch.Tensor:
+        """The target's lm_head over the drafted rows: the last layer of the drafting pass."""
+        return self.lm_head(rows).float()
 

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from decoding.methods.block_draft import BlockDraftMethod
 from decoding.engine.loop import DecodeState, Proposal
+from decoding.engine.sampling import probabilities
 from decoding.engine.transfer import to_host
 from decoding.engine.tree import TokenTree
 from pipeline.errors import check_range
@@ -59,29 +60,36 @@ class Domino(BlockDraftMethod):
 
     @staticmethod
     def _full_probs(pool_probs, base) -> list:
-        """Draft distributions over the whole vocabulary (zero outside the pool), for acceptance."""
+        """Draft distributions over the whole vocabulary (zero outside the pool), for acceptance: the
+        pooled rows scattered in one kernel."""
         if all(q is None for q, _ in pool_probs):
             return [None] * len(pool_probs)
-        out = []
-        for q, local in pool_probs:
-            if local is not None:
-                q = torch.zeros(base.shape[-1], device=base.device).index_put_((local,), q)
-            out.append(q)
+        pooled = [k for k, (_, local) in enumerate(pool_probs) if local is not None]
+        out = [q for q, _ in pool_probs]
+        if pooled:
+            local = pool_probs[pooled[0]][1]
+            rows = torch.stack([out[k] for k in pooled])
+            full = rows.new_zeros(len(pooled), base.shape[-1]).scatter_(1, local.expand(len(pooled), -1), rows)
+            for k, row in zip(pooled, full.unbind(0)):
+                out[k] = row
         return out
 
 
 def corrected_chain(head, embed, z, base, root: int, prefix: int, pool, temperature: float, sampler):
     """The chain of the module docstring, on the device: K device-scalar tokens (argmax, or drawn at
     `temperature` > 0) and per position (q over the pool or the vocabulary, the pool ids or None).
-    Per-round tables: z's W1 part for every position, the pool's base logits and W2 rows; per
-    position one GRU step (Float32Head.state_step) and one addmv for the corrected logits."""
+    Per-round tables: z's W1 part for every position, the pool's base logits and W2 rows, and the
+    round's uniforms; per position one embedding-table row, one GRU step with one matmul
+    (Float32Head.state_step), one addmv for the corrected logits and the pick."""
     z = z.float()
     table = head.input_table(embed)  # [V, 3G]: a GRU step's input is a row of it
     base_pool = base if pool is None else base[:, pool]  # [K, C]
     w2 = head.w2 if pool is None else head.w2[pool]  # [C, E]
     z_proj = z @ head.w_z.t()  # [K, E]
+    uniforms = sampler.uniform(len(base), torch.float64) if temperature > 0 else None
     tokens, pool_probs = [], []
     h = torch.zeros(head.gru.hidden_size, device=z.device)
+    gh = torch.zeros(head.w_hh_t.shape[1], device=z.device)  # W_hh h of the zero state
     s_proj = None
     for k in range(len(base)):
         if k < prefix:
@@ -90,13 +98,13 @@ def corrected_chain(head, embed, z, base, root: int, prefix: int, pool, temperat
             # F.embedding, not table[tok]: indexing with a 0-dim device tensor reads it on the host (a sync)
             if s_proj is None:  # the GRU reads the root and the uncorrected prefix
                 for tok in [torch.full((), root, device=z.device), *tokens]:
-                    h, s_proj = head.state_step(F.embedding(tok, table), h)
+                    h, gh, s_proj = head.state_step(F.embedding(tok, table), h, gh)
             else:
-                h, s_proj = head.state_step(F.embedding(tokens[-1], table), h)
+                h, gh, s_proj = head.state_step(F.embedding(tokens[-1], table), h, gh)
             logits = torch.addmv(base_pool[k], w2, F.silu(z_proj[k] + s_proj))
             local = pool
-        q = torch.softmax(logits / temperature, dim=-1) if temperature > 0 else None
-        pick = sampler.categorical(q) if q is not None else logits.argmax()
+        q = probabilities(logits, temperature) if temperature > 0 else None
+        pick = sampler.categorical(q, uniforms[k]) if q is not None else logits.argmax()
         tokens.append(pick if local is None else local.gather(0, pick.view(1))[0])
         pool_probs.append((q, local))
     return tokens, pool_probs

@@ -79,9 +79,8 @@ def ttt_hidden(drafter: Eagle3Drafter, embed, feats, ids, ttt_length: int):
     for j in range(ttt_length):
         inputs = ids[(rows + 1 + j).clamp(max=len(ids) - 1)]  # beyond the end: masked out of every loss
         visible = torch.cat([causal, *([eye] * j)], dim=1)  # step-0 rows up to t, own rows of the earlier steps
-        h, k, v = drafter.step(embed(inputs).to(hidden.dtype), hidden, rows.to(feats.device) + j, past_k, past_v,
-                               visible)
-        past_k, past_v = torch.cat([past_k, k], dim=1), torch.cat([past_v, v], dim=1)
+        h, past_k, past_v = drafter.step(embed(inputs).to(hidden.dtype), hidden, rows.to(feats.device) + j, past_k,
+                                         past_v, visible)
         yield h
         hidden = h
 

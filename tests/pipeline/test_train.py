@@ -167,8 +167,8 @@ def test_the_training_time_test_computes_what_decoding_computes():
             past_k, past_v = cache.keys, cache.values
             for j in range(4):
                 if j:  # the node whose path is ids[t+2 : t+2+j]: fed its last token and its parent's h
-                    h, k, v = drafter.step(embed(ids[t + 1 + j].view(1)), h, torch.tensor([t + j]), past_k, past_v)
-                    past_k, past_v = torch.cat([past_k, k], 1), torch.cat([past_v, v], 1)
+                    h, past_k, past_v = drafter.step(embed(ids[t + 1 + j].view(1)), h, torch.tensor([t + j]),
+                                                     past_k, past_v)
                 if t + 1 + j < len(ids):
                     assert torch.allclose(trained[j][t], h[0], atol=1e-5), (t, j)
 

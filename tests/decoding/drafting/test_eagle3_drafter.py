@@ -136,8 +136,7 @@ def node_h(drafter, cache, h_last, embed, path_tokens):
     h = h_last[None]
     past_k, past_v = cache.keys, cache.values
     for i, tok in enumerate(path_tokens):
-        h, k, v = drafter.step(embed(torch.tensor([tok])), h, torch.tensor([cache.length + i]), past_k, past_v)
-        past_k, past_v = torch.cat([past_k, k], 1), torch.cat([past_v, v], 1)
+        h, past_k, past_v = drafter.step(embed(torch.tensor([tok])), h, torch.tensor([cache.length + i]), past_k, past_v)
     return h[0]
 
 
