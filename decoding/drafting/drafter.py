@@ -89,22 +89,30 @@ class Drafter:
         """γ draft tokens and the [γ, V] distributions they came from (softmax at T; at T=0 the
         tokens are the argmax and the distributions are taken at T=1, for rules that need them;
         `need_dists=False` at T=0 skips them and returns None). Each drafted token is fed back as a
-        device tensor: one host copy per draft, not per token."""
+        device tensor: one host copy per draft, not per token; at T > 0 the draft's uniforms are
+        drawn at once, at T = 0 its distributions are one softmax after the loop."""
         fed = self._catch_up(sequence)
         device = self.lm.device
         sampler = sampler.for_device(self.lm.output_device)
-        feed = torch.tensor(fed, device=device)
-        tokens, dists = [], []
-        for _ in range(gamma):
-            logits = self.lm.forward(feed, torch.arange(len(feed), device=device), None, last_only=True).logits[-1]
-            dist = probabilities(logits, temperature) if need_dists or temperature > 0 else None
-            tok = logits.argmax() if temperature <= 0 else sampler.categorical(dist)
-            tokens.append(tok)
-            dists.append(dist)
-            feed = tok.view(1).to(device)
+        feed, depths = torch.tensor(fed, device=device), torch.arange(len(fed), device=device)
+        next_depth = torch.zeros(1, dtype=torch.long, device=device)  # a fed-back draft: one row after the cache
+        sampled = temperature > 0
+        uniforms = sampler.uniform(gamma, torch.float64) if sampled else None
+        tokens, rows = [], []  # rows: the distributions (T > 0) or the logits (T = 0)
+        for i in range(gamma):
+            logits = self.lm.forward(feed, depths, None, last_only=True).logits[-1]
+            if sampled:
+                rows.append(probabilities(logits, temperature))
+                tokens.append(sampler.categorical(rows[-1], uniforms[i]))
+            else:
+                rows.append(logits)
+                tokens.append(logits.argmax())
+            feed, depths = tokens[-1].view(1).to(device), next_depth
         drafted = to_host(torch.stack(tokens))[0]
         self.cached.extend(fed + drafted[:-1])  # the last draft is not fed yet
-        return drafted, None if dists[0] is None else torch.stack(dists)
+        if sampled:
+            return drafted, torch.stack(rows)
+        return drafted, probabilities(torch.stack(rows), temperature) if need_dists else None
 
     def record(self, stats) -> None:
         """The drafter's own passes of this generation; in target-forward units when its layers

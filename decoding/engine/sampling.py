@@ -72,7 +72,8 @@ class Sampler:
         # could never be drawn) and rounds every other entry to steps of ~6e-8
         cdf = rows.cumsum(-1, dtype=torch.float64)
         u = self.uniform((rows.shape[0], 1), torch.float64) if uniform is None else uniform.view(-1, 1)
-        picked = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).clamp_max_(rows.shape[-1] - 1)
+        total = cdf.narrow(-1, rows.shape[-1] - 1, 1)  # [n, 1]
+        picked = torch.searchsorted(cdf, u * total, right=True).clamp_max_(rows.shape[-1] - 1)
         return picked.view(probs.shape[:-1])
 
 
