@@ -262,7 +262,9 @@ def compose_methods(entries: list[str], job: DictConfig) -> tuple[list, list[str
     folder in the run dir) and its drafter config (None: the job's). An entry is an option name
     (conf/method/<name>.yaml), optionally with settings: "spec_cascade alpha=0.05" (label
     spec_cascade_alpha=0.05); a setting `drafter=<option>` or `drafter.<field>=<value>` gives that
-    entry its own drafter ("sd drafter=eagle3"). Each option is placed into the job's own config before
+    entry its own drafter ("sd drafter=eagle3"), except for a method whose config has its own
+    `drafter` field (a checkpoint: eagle3, dflash, domino...), where it sets that field
+    ("eagle3 drafter=<folder>": two checkpoints in one job). Each option is placed into the job's own config before
     it is resolved, so `${model...}` in it (drafters, masks) is the job's model."""
     from hydra import compose, initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
@@ -279,7 +281,8 @@ def compose_methods(entries: list[str], job: DictConfig) -> tuple[list, list[str
         for name, settings in ordered:
             if name not in known:
                 raise ConfigError(f"methods: '{name}' is not a method option; choose from: {', '.join(known)}")
-            own_drafter = [s for s in settings if s.split("=")[0].split(".")[0] == "drafter"]
+            own_field = "drafter" in compose("config", overrides=[f"method={name}"]).method
+            own_drafter = [] if own_field else [s for s in settings if s.split("=")[0].split(".")[0] == "drafter"]
             option = [s for s in own_drafter if s.startswith("drafter=")]  # another drafter option
             overrides = [f"method={name}", *option, *(f"method.{s}" for s in settings if s not in own_drafter)]
             try:

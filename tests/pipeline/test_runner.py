@@ -413,6 +413,20 @@ def test_a_methods_entry_can_bring_its_own_drafter(tiny_model_dirs, tmp_path):
             compose_methods(["sd drafter=nope"], compose("config", overrides=["model=qwen3-8b"]))
 
 
+def test_a_methods_entry_sets_the_checkpoint_of_a_method_with_its_own_drafter_field(tiny_model_dirs, tmp_path):
+    """'eagle3 drafter=<folder>' next to plain eagle3: two checkpoints of one method in one job (the method's
+    own `drafter` field, not the drafter config group, which eagle3 does not use)."""
+    from pipeline.runner import compose_methods
+
+    register_configs()
+    with initialize_config_module(config_module="conf", version_base="1.3"):
+        job = compose("config", overrides=["model=qwen3-8b"])
+        configs, labels, drafters = compose_methods(["eagle3", "eagle3 drafter=/ckpt/old tree=false"], job)
+    assert labels == ["ar", "eagle3", "eagle3_drafter=-ckpt-old_tree=false"]
+    assert configs[1].drafter == "AngelSlim/Qwen3-8B_eagle3" and configs[2].drafter == "/ckpt/old"
+    assert configs[2].tree is False and drafters == [None, None, None]
+
+
 def test_a_comparison_run_dir_refuses_a_different_config(tiny_model_dirs, tmp_path):
     from pipeline.errors import ConfigError
 
