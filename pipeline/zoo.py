@@ -222,7 +222,7 @@ class ForwardTimer:
 
         @functools.wraps(fn)
         def timed(*args, **kwargs):
-            if self.depth:  # a forward inside a forward (none today) is counted once
+            if self.depth:  # a pass inside a pass (EAGLE-3's extend runs its step) is counted once
                 return fn(*args, **kwargs)
             self._sync()
             self.depth += 1

@@ -56,6 +56,20 @@ def test_categorical_follows_the_distribution_and_never_picks_zero_mass():
     assert sampler.categorical(torch.tensor([0.0, 3.0, 1.0])).shape == ()  # unnormalised rows are fine
 
 
+def test_categorical_with_predrawn_uniforms_picks_as_the_inverse_cdf_and_leaves_them_unchanged():
+    """A loop that draws a round's uniforms first (the Domino chain, the drafter loop) gets the index whose
+    running sum first exceeds u * total, and its uniforms are not modified."""
+    sampler = Sampler(2)
+    p = torch.tensor([0.1, 0.0, 0.6, 0.3])
+    u = torch.tensor([0.05, 0.1, 0.11, 0.69, 0.71, 0.999], dtype=torch.float64)
+    kept = u.clone()
+    picks = [int(sampler.categorical(p, u[i])) for i in range(len(u))]
+    assert picks == [0, 2, 2, 2, 3, 3]
+    assert torch.equal(u, kept)
+    rows = sampler.categorical(p.expand(2, 4).contiguous(), u[[0, 4]])
+    assert rows.tolist() == [0, 3]
+
+
 def test_to_host_is_one_copy_of_mixed_tensors():
     ints, flags, floats = to_host(torch.tensor([3, 70000]), torch.tensor([True, False]), torch.tensor([0.5]))
     assert ints == [3, 70000] and flags == [1, 0] and floats == [0.5]

@@ -120,7 +120,7 @@ def test_greedy_equals_ar(name, tiny_target, drafter_dirs, monkeypatch, tmp_path
 
 
 @pytest.mark.parametrize("temperature", [0.5, 1.0])
-@pytest.mark.parametrize("name", ["dflash", "ddtree", "caddtree", "domino", "dominotree", "cond_adaptive"])
+@pytest.mark.parametrize("name", ["dflash", "ddtree", "caddtree", "domino", "domino_pool", "dominotree", "cond_adaptive"])
 def test_sampling_keeps_the_target_distribution(name, temperature, tiny_llama, drafter_dirs, monkeypatch, tmp_path):
     method = build(name, drafter_dirs, tiny_llama, monkeypatch, tmp_path)
     prompt = [7, 30, 31, 30, 31, 30]
@@ -158,3 +158,30 @@ def test_cond_adaptive_stops_by_cost_and_counts_cap_hits(tiny_llama, drafter_dir
             assert extra["tree_nodes"] == 24 * steps and extra["budget_cap_hits"] == steps
         else:
             assert extra["tree_nodes"] < 24 * steps and extra["budget_cap_hits"] == 0
+
+
+def test_sampled_domino_drafts_carry_their_pool_distribution_over_the_whole_vocabulary(tiny_llama, drafter_dirs,
+                                                                                        monkeypatch, tmp_path):
+    """At T > 0 with a candidate pool, every drafted position's distribution (the corrected softmax over the pool,
+    scattered into the vocabulary; the uncorrected prefix over the whole vocabulary) sums to one, is zero outside
+    the pool, and gives its own drafted token positive mass; the same seed drafts the same chain."""
+    from decoding.engine.loop import DecodeState
+
+    method = build("domino_pool", drafter_dirs, tiny_llama, monkeypatch, tmp_path)
+    prefix = method.drafter.spec.pure_draft_prefix_len
+    chains = []
+    for _ in range(2):
+        state = DecodeState(tiny_llama, [7, 30, 31, 30, 31, 30], 1.0, 8, set(), seed=5)
+        out = tiny_llama.prefill(state.prompt_ids[:-1], method.prefill_hidden_layers())
+        method.on_prefill(state, out)
+        method.begin(state)
+        tree = method.propose(state).tree
+        chains.append(tree.tokens)
+        for node in range(1, len(tree)):
+            q = tree.draft_probs[node]
+            assert q.shape == (tiny_llama.config.vocab_size,)
+            assert torch.isclose(q.sum(), torch.tensor(1.0), atol=1e-5)
+            assert q[tree.tokens[node]] > 0
+            if node > prefix:  # a corrected position: support inside the pool of 20 candidates
+                assert int((q > 0).sum()) <= 20
+    assert chains[0] == chains[1]
