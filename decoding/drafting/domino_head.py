@@ -39,8 +39,8 @@ def build_domino_modules(spec) -> tuple[nn.GRU, nn.Sequential]:
 def gru_cell(gi: torch.Tensor, h: torch.Tensor, w_hh_t: torch.Tensor) -> torch.Tensor:
     """torch.nn.GRU's cell without biases, written out: from the input projection gi = W_ih x [..., 3G],
     the state h [..., G] and W_hh^T [G, 3G] (one state or a batch of them); the reset and update gates
-    share one sigmoid. Used by the chain and both tree builders, on every device (nn.GRU on CUDA goes
-    through cuDNN, whose RNNs default to TF32)."""
+    share one sigmoid. Used by both tree builders, and (as `gru_update`, with W_hh h from the step
+    before) by the chain, on every device (nn.GRU on CUDA goes through cuDNN, whose RNNs default to TF32)."""
     return gru_update(gi, h @ w_hh_t, h)
 
 

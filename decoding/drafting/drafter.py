@@ -19,7 +19,7 @@ from typing import Optional
 import torch
 
 from decoding.engine.sampling import Sampler, probabilities
-from decoding.engine.transfer import to_host
+from decoding.engine.transfer import to_device, to_host
 from decoding.drafting.routing import kept_layers, load_mask
 from decoding.engine.target import TargetModel
 from pipeline.errors import ConfigError, check_choice, check_range
@@ -94,7 +94,7 @@ class Drafter:
         fed = self._catch_up(sequence)
         device = self.lm.device
         sampler = sampler.for_device(self.lm.output_device)
-        feed, depths = torch.tensor(fed, device=device), torch.arange(len(fed), device=device)
+        feed, depths = to_device(fed, device), torch.arange(len(fed), device=device)
         next_depth = torch.zeros(1, dtype=torch.long, device=device)  # a fed-back draft: one row after the cache
         sampled = temperature > 0
         uniforms = sampler.uniform(gamma, torch.float64) if sampled else None

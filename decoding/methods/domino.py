@@ -67,7 +67,7 @@ class Domino(BlockDraftMethod):
         pooled = [k for k, (_, local) in enumerate(pool_probs) if local is not None]
         out = [q for q, _ in pool_probs]
         if pooled:
-            local = pool_probs[pooled[0]][1]
+            local = pool_probs[pooled[0]][1]  # one pool per round: every corrected position shares it
             rows = torch.stack([out[k] for k in pooled])
             full = rows.new_zeros(len(pooled), base.shape[-1]).scatter_(1, local.expand(len(pooled), -1), rows)
             for k, row in zip(pooled, full.unbind(0)):
