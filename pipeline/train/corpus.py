@@ -232,9 +232,11 @@ def read_shards(paths: list[Path]) -> list[dict]:
     samples = []
     for path in paths:
         with np.load(path) as data:
+            # one read of each array: every `data[key]` decompresses the whole member again
+            all_ids, lengths, sources = data["ids"], data["lengths"], data["sources"]
             offset = 0
-            for (n_prompt, n_answer), source in zip(data["lengths"], data["sources"]):
-                ids = torch.from_numpy(data["ids"][offset:offset + n_prompt + n_answer].astype(np.int64))
+            for (n_prompt, n_answer), source in zip(lengths, sources):
+                ids = torch.from_numpy(all_ids[offset:offset + n_prompt + n_answer].astype(np.int64))
                 samples.append({"ids": ids, "prompt_len": int(n_prompt), "source": str(source)})
                 offset += n_prompt + n_answer
     return samples
