@@ -83,25 +83,29 @@ class Eagle3ChainDrafter:
             return [], torch.empty(0, self.vocab_size, device=device)
         sampler = sampler.for_device(device)
         h, past_k, past_v = self._tail(sequence[self.cache.length + 1:], device)
-        start = past_k.shape[1]  # the drafts' first position
-        tokens, dists = [], []
+        # as Drafter.draft: at T > 0 the draft's uniforms drawn at once; at T = 0 its distributions are one
+        # softmax after the loop. Draws are over the draft vocabulary, scattered to the target's once.
+        sampled = temperature > 0
+        uniforms = sampler.uniform(gamma, torch.float64) if sampled else None
+        positions = torch.arange(past_k.shape[1], past_k.shape[1] + gamma, device=device)  # the drafts' rows
+        tokens, rows = [], []  # rows: the draft-vocabulary distributions (T > 0) or the logits (T = 0)
         for i in range(gamma):
             logits = self.model.logits(h)[0]
-            dist = None
-            if need_dists or temperature > 0:
-                dist = torch.zeros(self.vocab_size, device=device).index_copy_(
-                    0, self.draft_to_target, probabilities(logits, temperature))
-            # index_select with a one-element index: a 0-dim tensor index would read it on the host
-            tok = self.draft_to_target.index_select(0, logits.argmax().view(1))[0] if temperature <= 0 else \
-                sampler.categorical(dist)
-            tokens.append(tok)
-            dists.append(dist)
+            if sampled:
+                rows.append(probabilities(logits, temperature))
+                picked = sampler.categorical(rows[-1], uniforms[i])
+            else:
+                rows.append(logits)
+                picked = logits.argmax()
+            tokens.append(self.draft_to_target.index_select(0, picked.view(1)))
             if i + 1 < gamma:
-                h, past_k, past_v = self.model.step(self.embed(tok.view(1)), h,
-                                                    torch.full((1,), start + i, device=device), past_k, past_v)
+                h, past_k, past_v = self.model.step(self.embed(tokens[-1]), h, positions[i:i + 1], past_k, past_v)
                 self.passes += 1
-        drafted = to_host(torch.stack(tokens))[0]
-        return drafted, None if dists[0] is None else torch.stack(dists)
+        drafted = to_host(torch.cat(tokens))[0]
+        if not (sampled or need_dists):
+            return drafted, None
+        dists = torch.stack(rows) if sampled else probabilities(torch.stack(rows), temperature)
+        return drafted, dists.new_zeros(gamma, self.vocab_size).index_copy_(1, self.draft_to_target, dists)
 
     def _tail(self, tail: list[int], device):
         """Committed tokens past the target-fed rows (settled by a slim verifier) fed like drafts, on the

@@ -94,6 +94,25 @@ def test_eagle3_drafts_for_sd_and_spec_cascade(tiny_target, tmp_path):
         DrafterConfig(kind="eagle3")
 
 
+def test_sd_with_the_eagle3_drafter_keeps_the_targets_distribution(tiny_llama, tmp_path):
+    """The drafter samples over its draft vocabulary with the draft's uniforms drawn at once and hands the
+    distributions scattered over the full vocabulary: speculative sampling on them stays lossless."""
+    from scipy.stats import chi2_contingency
+
+    from decoding.drafting.drafter import DrafterConfig
+    from decoding.methods.sd import SDConfig, SpeculativeDecoding
+
+    drafter = DrafterConfig(name="eagle3", kind="eagle3", checkpoint=tiny_eagle3(tiny_llama, tmp_path / "e3"), gamma=3)
+    sd = SpeculativeDecoding(SDConfig(), drafter=drafter)
+    sd.setup(tiny_llama)
+    n = 300
+    counts = [collections.Counter(tuple(generate(m, tiny_llama, PROMPT, max_new_tokens=2, temperature=1.0,
+                                                 seed=s).new_tokens) for s in range(n)) for m in (AR(), sd)]
+    keys = sorted(set(counts[0]) | set(counts[1]), key=lambda k: -(counts[0][k] + counts[1][k]))[:8]
+    table = [[c[k] for k in keys] + [n - sum(c[k] for k in keys)] for c in counts]
+    assert chi2_contingency(table).pvalue > 1e-3
+
+
 def via_sd_with_eagle3(target, tmp_path, **config):
     from decoding.drafting.drafter import DrafterConfig
     from decoding.drafting.routing import save_mask
