@@ -281,8 +281,10 @@ def compose_methods(entries: list[str], job: DictConfig) -> tuple[list, list[str
         for name, settings in ordered:
             if name not in known:
                 raise ConfigError(f"methods: '{name}' is not a method option; choose from: {', '.join(known)}")
-            own_field = "drafter" in compose("config", overrides=[f"method={name}"]).method
-            own_drafter = [] if own_field else [s for s in settings if s.split("=")[0].split(".")[0] == "drafter"]
+            own_drafter = [s for s in settings if s.split("=")[0].split(".")[0] == "drafter"]
+            # a method with its own `drafter` field takes these settings as its own (one more compose, only then)
+            if own_drafter and "drafter" in compose("config", overrides=[f"method={name}"]).method:
+                own_drafter = []
             option = [s for s in own_drafter if s.startswith("drafter=")]  # another drafter option
             overrides = [f"method={name}", *option, *(f"method.{s}" for s in settings if s not in own_drafter)]
             try:
