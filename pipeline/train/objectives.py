@@ -123,6 +123,9 @@ def domino_loss(drafter, embed, lm_head, sample, blocks, mask_token_id, lambda_b
     with torch.no_grad():
         pred = torch.full_like(blocks.labels, -1)
         pred[labelled] = final[labelled].argmax(-1)
+        pred_base = torch.full_like(blocks.labels, -1)  # the backbone alone: what the GRU's correction adds
+        pred_base[labelled] = base[labelled].argmax(-1)
         metrics = {"loss": float(loss), "loss_final": float(loss_final), "loss_base": float(loss_base),
-                   "accept_len": accept_length(pred, blocks.labels), "lambda_base": lambda_base}
+                   "accept_len": accept_length(pred, blocks.labels),
+                   "accept_len_base": accept_length(pred_base, blocks.labels), "lambda_base": lambda_base}
     return loss, metrics
