@@ -58,6 +58,24 @@ def new_eagle3(target_config, layer_ids: list[int], draft_vocab_size: int, count
 
 
 @torch.no_grad()
+def head_from_target(model: Eagle3Drafter, target) -> None:
+    """Start the draft head as the target's own: lm_head rows of the draft vocabulary and the final
+    norm. A departure (EAGLE-3, SpecForge and speculators train the draft lm_head from a random start;
+    speculators keeps the target's rows only to score the teacher): on a CPU budget of under one pass
+    over the corpus the drafter then learns the target's last hidden state rather than a new readout."""
+    draft_ids = model.to_target_ids(torch.arange(model.spec.draft_vocab_size))
+    model.lm_head.weight.copy_(target.get_output_embeddings().weight[draft_ids].float())
+    norm = getattr(getattr(target, "model", None), "norm", None)
+    if norm is None or getattr(norm, "weight", None) is None or norm.weight.shape != model.norm.weight.shape:
+        raise ConfigError("drafter.head_init=target: the target has no final norm (model.norm) of the drafter's size")
+    model.norm.weight.copy_(norm.weight.float())
+    probe = torch.randn(4, model.spec.hidden_size, generator=torch.Generator().manual_seed(0))
+    if not torch.allclose(model.norm(probe), norm(probe.to(norm.weight.dtype)).float(), atol=1e-2, rtol=1e-2):
+        raise ConfigError("drafter.head_init=target: the target's final norm is not a plain RMSNorm (Gemma's "
+                          "1 + weight, say); use drafter.head_init=random")
+
+
+@torch.no_grad()
 def teacher_pass(target, ids: torch.Tensor, layer_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """(features [T, 3H] of the three layers, final-norm hidden states [T, H]), float32."""
     out = target(input_ids=ids[None].to(target.device), output_hidden_states=True, logits_to_keep=1)
@@ -161,6 +179,8 @@ def train_eagle3(cfg: TrainConfig, run_config: dict, show_progress: bool = True)
     val, train_set = samples[:d.val_sequences], samples[d.val_sequences:]
     model = new_eagle3(target.config, layer_ids, d.draft_vocab_size, token_counts(train_set, target.config.vocab_size),
                        d.seed)
+    if d.head_init == "target":
+        head_from_target(model, target)
     model.train()
     embed = target.get_input_embeddings()
     unembed = target.get_output_embeddings().weight.detach().float()

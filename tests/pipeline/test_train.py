@@ -241,3 +241,23 @@ def test_exit_head_keeps_a_seeded_subset_of_answers_within_its_position_limit():
     inputs, finals = exit_features(model, picked, exit_layer=1, device="cpu")
     assert len(inputs) == len(finals) == sum(a["n"] for a in picked)
     assert inputs[0, 0] == picked[0]["prompt_len"] - 1 + 1  # layer 1's row of the last prompt token
+
+
+def test_eagle3_head_from_the_target_reads_out_as_the_targets_own_head(tiny_model_dirs):
+    """drafter.head_init=target: the draft head is the target's final norm and lm_head restricted to the
+    draft vocabulary, so a drafter state equal to the target's last residual gives the target's logits."""
+    from transformers import AutoModelForCausalLM
+
+    from pipeline.train.eagle3 import head_from_target, new_eagle3
+
+    target = AutoModelForCausalLM.from_pretrained(tiny_model_dirs["llama"], dtype=torch.float32).eval()
+    vocab = target.config.vocab_size
+    model = new_eagle3(target.config, [0, 1, 2], 40, torch.arange(vocab).flip(0).float(), 0).eval()
+    h = torch.randn(3, target.config.hidden_size)
+    with torch.no_grad():
+        assert not torch.allclose(model.logits(h), (target.lm_head(target.model.norm(h)))[:, :40])
+        head_from_target(model, target)
+        want = target.lm_head(target.model.norm(h))[:, model.to_target_ids(torch.arange(40))]
+        torch.testing.assert_close(model.logits(h), want)
+    with pytest.raises(ConfigError, match="head_init"):
+        compose_train(["drafter=eagle3", "drafter.head_init=zeros"])
