@@ -61,7 +61,7 @@ class DrafterTrainConfig:
     eagle_layer_ids: list[int] = field(default_factory=list)  # eagle3: output ids; [] = 1, L//2-1, L-4 (EAGLE's)
     draft_vocab_size: int = 8192  # eagle3: the most frequent answer tokens (EAGLE-3 Llama-3.1-8B: 32000)
     ttt_length: int = 7  # eagle3: training-time-test steps (EAGLE-3 / SpecForge: 7)
-    head_init: str = "random"  # eagle3: random (EAGLE-3, SpecForge) | target (its lm_head rows and final norm; ours)
+    head_init: str = "random"  # eagle3: random (EAGLE-3, SpecForge) | target (its lm_head rows and final norm, trained)
     ttt_decay: float = 0.8  # eagle3: weight decay^j of step j's loss (EAGLE main.py, SpecForge ploss_decay)
     max_train_len: int = 2048  # tokens per training sequence (EAGLE: max_len 2048)
     bf16_autocast: bool = True  # matmuls in bf16 (native on this project's CPUs and on GPUs); weights/optimizer fp32

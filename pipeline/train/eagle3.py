@@ -60,9 +60,10 @@ def new_eagle3(target_config, layer_ids: list[int], draft_vocab_size: int, count
 @torch.no_grad()
 def head_from_target(model: Eagle3Drafter, target) -> None:
     """Start the draft head as the target's own: lm_head rows of the draft vocabulary and the final
-    norm. A departure (EAGLE-3, SpecForge and speculators train the draft lm_head from a random start;
-    speculators keeps the target's rows only to score the teacher): on a CPU budget of under one pass
-    over the corpus the drafter then learns the target's last hidden state rather than a new readout."""
+    norm, then trained. EAGLE-3's and SpecForge's trainers start the draft lm_head at random; vLLM's
+    speculators copies the target's rows and freezes them (its final norm is its own). On a CPU budget of
+    under one pass over the corpus the drafter then learns the target's last hidden state rather than a
+    new readout."""
     draft_ids = model.to_target_ids(torch.arange(model.spec.draft_vocab_size))
     model.lm_head.weight.copy_(target.get_output_embeddings().weight[draft_ids].float())
     norm = getattr(getattr(target, "model", None), "norm", None)
@@ -70,7 +71,8 @@ def head_from_target(model: Eagle3Drafter, target) -> None:
         raise ConfigError("drafter.head_init=target: the target has no final norm (model.norm) of the drafter's size")
     model.norm.weight.copy_(norm.weight.float())
     probe = torch.randn(4, model.spec.hidden_size, generator=torch.Generator().manual_seed(0))
-    if not torch.allclose(model.norm(probe), norm(probe.to(norm.weight.dtype)).float(), atol=1e-2, rtol=1e-2):
+    theirs = norm(probe.to(norm.weight.device, norm.weight.dtype)).float().cpu()
+    if not torch.allclose(model.norm(probe.to(model.norm.weight.device)).cpu(), theirs, atol=1e-2, rtol=1e-2):
         raise ConfigError("drafter.head_init=target: the target's final norm is not a plain RMSNorm (Gemma's "
                           "1 + weight, say); use drafter.head_init=random")
 

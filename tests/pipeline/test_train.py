@@ -64,7 +64,7 @@ def test_train_both_stages_export_and_resume(tiny_model_dirs, tmp_path):
         record = json.loads((tmp_path / kind / "training.json").read_text())
         assert record["steps"] == 2
         # Domino's record separates the backbone alone from backbone + GRU correction
-        assert ("val/accept_len_base" in record) == (kind == "domino") and record["val/accept_len"] >= 1.0
+        assert ("val/accept_len_base" in record) == (kind == "domino")
     assert len(list((tmp_path / "data").glob("shard_*.pt"))) == 2
     # a rerun with more steps resumes from the saved state instead of starting over
     cfg = compose_train(tiny_overrides(tiny_model_dirs["llama"], tmp_path, "dflash", steps=4))
@@ -261,3 +261,15 @@ def test_eagle3_head_from_the_target_reads_out_as_the_targets_own_head(tiny_mode
         torch.testing.assert_close(model.logits(h), want)
     with pytest.raises(ConfigError, match="head_init"):
         compose_train(["drafter=eagle3", "drafter.head_init=zeros"])
+
+    class OnePlusWeightNorm(torch.nn.Module):  # Gemma's: x / rms(x) * (1 + weight)
+        def __init__(self, weight):
+            super().__init__()
+            self.weight = torch.nn.Parameter(weight.clone())
+
+        def forward(self, x):
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * (1 + self.weight)
+
+    target.model.norm = OnePlusWeightNorm(target.model.norm.weight.data)
+    with pytest.raises(ConfigError, match="not a plain RMSNorm"):
+        head_from_target(model, target)
