@@ -33,7 +33,7 @@ from decoding.drafting.eagle3_drafter import (Eagle3Drafter, Eagle3Spec, default
 from pipeline.errors import ConfigError
 from pipeline.train.config import TrainConfig
 from pipeline.train.trainer import (autocast, learning_rate, make_wandb, progress_bar, publish, resume_state,
-                                    _rope_theta, save_state, start_run, training_samples)
+                                    _rope_theta, save_state, start_run, target_final_norm, training_samples)
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +66,8 @@ def head_from_target(model: Eagle3Drafter, target) -> None:
     new readout."""
     draft_ids = model.to_target_ids(torch.arange(model.spec.draft_vocab_size))
     model.lm_head.weight.copy_(target.get_output_embeddings().weight[draft_ids].float())
-    norm = getattr(getattr(target, "model", None), "norm", None)
-    if norm is None or getattr(norm, "weight", None) is None or norm.weight.shape != model.norm.weight.shape:
+    norm = target_final_norm(target, model.norm.weight.shape)
+    if norm is None:
         raise ConfigError("drafter.head_init=target: the target has no final norm (model.norm) of the drafter's size")
     model.norm.weight.copy_(norm.weight.float())
     probe = torch.randn(4, model.spec.hidden_size, generator=torch.Generator().manual_seed(0))

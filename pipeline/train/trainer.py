@@ -56,9 +56,17 @@ def init_from_data(model: DFlashDrafter, samples: list[dict], target) -> None:
     feats = torch.cat([s["hidden"][1:].reshape(len(s["hidden"]) - 1, -1).float() for s in samples[:64]])
     std = feats.std(dim=0).clamp(min=1e-3)
     model.fc.weight.mul_((std.median() / std)[None].to(model.fc.weight.dtype))
-    final_norm = getattr(target.model, "norm", None)
-    if final_norm is not None and final_norm.weight.shape == model.norm.weight.shape:
+    final_norm = target_final_norm(target, model.norm.weight.shape)
+    if final_norm is not None:
         model.norm.weight.copy_(final_norm.weight)
+
+
+def target_final_norm(target, shape: torch.Size):
+    """The target's final norm (`model.norm`) when it has a weight of `shape`, else None: the norm a
+    drafter whose output the target's lm_head reads can start from."""
+    norm = getattr(target.model, "norm", None)
+    weight = getattr(norm, "weight", None)
+    return norm if weight is not None and weight.shape == shape else None
 
 
 def _rope_theta(config) -> float:
