@@ -22,14 +22,16 @@ like the others (the reference leaves it unshifted).
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import time
+from pathlib import Path
 
 import torch
 
-from decoding.drafting.eagle3_drafter import (Eagle3Drafter, Eagle3Spec, default_aux_layer_ids, save_eagle3,
-                                             vocab_mapping)
+from decoding.drafting.eagle3_drafter import (Eagle3Drafter, Eagle3Spec, default_aux_layer_ids, load_eagle3,
+                                             save_eagle3, vocab_mapping)
 from pipeline.errors import ConfigError
 from pipeline.train.config import TrainConfig
 from pipeline.train.trainer import (autocast, learning_rate, make_wandb, progress_bar, publish, resume_state,
@@ -147,6 +149,20 @@ def token_counts(samples: list[dict], vocab_size: int) -> torch.Tensor:
     return counts
 
 
+def continued_eagle3(location: str, target_config, layer_ids: list[int]) -> tuple[Eagle3Drafter, dict]:
+    """(drafter, its training.json or {}) from a trained checkpoint, for a further leg with a fresh optimizer and
+    schedule (`drafter.init_from`): its draft vocabulary and layer taps are kept, so they must match this run."""
+    model = load_eagle3(location, dtype=torch.float32)
+    spec, c = model.spec, target_config
+    if list(spec.aux_layer_ids) != list(layer_ids) or spec.hidden_size != c.hidden_size \
+            or spec.vocab_size != c.vocab_size:
+        raise ConfigError(f"drafter.init_from={location}: taps layers {list(spec.aux_layer_ids)} of a "
+                          f"{spec.hidden_size}-wide, {spec.vocab_size}-token target; this run taps {layer_ids} of "
+                          f"a {c.hidden_size}-wide, {c.vocab_size}-token one")
+    record = Path(location) / "training.json"
+    return model, json.loads(record.read_text()) if record.is_file() else {}
+
+
 @torch.no_grad()
 def validate(drafter, embed, unembed, target, samples, d) -> dict:
     agree = [0.0] * d.ttt_length
@@ -179,10 +195,18 @@ def train_eagle3(cfg: TrainConfig, run_config: dict, show_progress: bool = True)
         raise ConfigError(f"drafter.val_sequences={d.val_sequences}: needs at least 1 and fewer than the "
                           f"{len(samples)} answers (data.num_prompts)")
     val, train_set = samples[:d.val_sequences], samples[d.val_sequences:]
-    model = new_eagle3(target.config, layer_ids, d.draft_vocab_size, token_counts(train_set, target.config.vocab_size),
-                       d.seed)
+    prior: dict = {}
+    if d.init_from:
+        if d.head_init == "target":
+            raise ConfigError("drafter.head_init=target starts a new drafter; drafter.init_from continues a "
+                              "trained one: set one of them")
+        model, prior = continued_eagle3(d.init_from, target.config, layer_ids)
+    else:
+        model = new_eagle3(target.config, layer_ids, d.draft_vocab_size,
+                           token_counts(train_set, target.config.vocab_size), d.seed)
     if d.head_init == "target":
         head_from_target(model, target)
+    prior_steps = int(prior.get("steps", 0))
     model.train()
     embed = target.get_input_embeddings()
     unembed = target.get_output_embeddings().weight.detach().float()
@@ -190,7 +214,7 @@ def train_eagle3(cfg: TrainConfig, run_config: dict, show_progress: bool = True)
                                   betas=(0.9, 0.95), weight_decay=0.0)
     resume_path = state_dir / "train_state.pt"
     step, elapsed = resume_state(resume_path, model, optimizer)
-    rng = random.Random(d.seed * 1000 + step)
+    rng = random.Random(d.seed * 1000 + prior_steps + step)  # a continued leg does not replay the first one's draws
     wb = make_wandb(cfg, run_config, state_dir)
 
     def checkpoint(final: bool = False) -> dict:
@@ -234,8 +258,10 @@ def train_eagle3(cfg: TrainConfig, run_config: dict, show_progress: bool = True)
             if wb is not None:
                 wb.log(logged, step=step)
     final = checkpoint(final=True)
-    summary = {"kind": d.kind, "steps": step, "train_minutes": round(elapsed / 60, 1), "sequences": len(train_set),
-               "tokens": sum(len(s["ids"]) for s in samples), "layer_ids": layer_ids,
+    minutes = prior.get("train_minutes", 0) + elapsed / 60
+    summary = {"kind": d.kind, "steps": prior_steps + step, "train_minutes": round(minutes, 1),
+               "sequences": len(train_set), "tokens": sum(len(s["ids"]) for s in samples), "layer_ids": layer_ids,
                "draft_vocab_size": model.spec.draft_vocab_size, "ttt_length": d.ttt_length,
+               **({"init_from": d.init_from, "init_steps": prior_steps, "leg_steps": step} if d.init_from else {}),
                **{k: round(v, 4) for k, v in final.items()}}
     return publish(summary, out_dir, wb)

@@ -187,7 +187,7 @@ def test_eagle3_training_raises_chain_acceptance_and_decodes_as_method_eagle3(ti
     from pipeline.train.trainer import train, training_samples
 
     overrides = [o for o in tiny_overrides(tiny_model_dirs["llama"], tmp_path, "eagle3", steps=30)
-                 if not o.startswith(("drafter.checkpoint_every", "drafter.seqs_per_step"))]
+                 if not o.startswith(("drafter.checkpoint_every", "drafter.seqs_per_step", "drafter.init_from"))]
     overrides += ["drafter.checkpoint_every=15", "drafter.lr=0.005", "drafter.ttt_length=3", "drafter.seqs_per_step=2",
                   "drafter.eagle_layer_ids=[0,1,2]", "drafter.draft_vocab_size=40", "data.max_new_tokens=24"]
     cfg = compose_train(overrides)
@@ -211,6 +211,19 @@ def test_eagle3_training_raises_chain_acceptance_and_decodes_as_method_eagle3(ti
     # a rerun with more steps resumes
     more = compose_train([o if not o.startswith("drafter.steps") else "drafter.steps=32" for o in overrides])
     assert train(more, {}, show_progress=False)["steps"] == 32
+    # drafter.init_from continues the exported drafter with a fresh optimizer (lr 0: it is kept bit for bit)
+    leg = [o for o in overrides if not o.startswith(("drafter.steps", "drafter.lr",
+                                                     "drafter.out_dir", "drafter.state_dir"))]
+    leg += ["drafter.steps=1", "drafter.lr=0", f"drafter.init_from={tmp_path / 'eagle3'}",
+            f"drafter.out_dir={tmp_path / 'leg2'}", f"drafter.state_dir={tmp_path / 'state' / 'leg2'}"]
+    continued = train(compose_train(leg), {}, show_progress=False)
+    assert (continued["steps"], continued["init_steps"], continued["leg_steps"]) == (33, 32, 1)
+    from safetensors.torch import load_file
+    first, second = (load_file(str(tmp_path / leg_dir / "model.safetensors")) for leg_dir in ("eagle3", "leg2"))
+    assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
+    with pytest.raises(ConfigError, match="init_from"):
+        train(compose_train([o if o != "drafter.eagle_layer_ids=[0,1,2]" else "drafter.eagle_layer_ids=[0,1,1]"
+                             for o in leg]), {}, show_progress=False)
 
 
 def test_exit_head_keeps_a_seeded_subset_of_answers_within_its_position_limit():
