@@ -12,6 +12,7 @@ import os
 import random
 import time
 import zlib
+from typing import Optional
 from pathlib import Path
 
 import torch
@@ -51,22 +52,33 @@ def init_from_data(model: DFlashDrafter, samples: list[dict], target) -> None:
     have a few huge constant dimensions (attention-sink style outliers: one dimension of layer 27
     averages ~450 while the median spread is ~14), which would make every fused context row point
     the same way; scaling fc's input columns by 1/std of each feature lets every dimension count
-    from the first step. The output norm starts as the target's final norm, since the drafter's
-    output is read by the target's lm_head."""
+    from the first step. The output norm starts with the target's final norm's gain, since the
+    drafter's output is read by the target's lm_head."""
     feats = torch.cat([s["hidden"][1:].reshape(len(s["hidden"]) - 1, -1).float() for s in samples[:64]])
     std = feats.std(dim=0).clamp(min=1e-3)
     model.fc.weight.mul_((std.median() / std)[None].to(model.fc.weight.dtype))
-    final_norm = target_final_norm(target, model.norm.weight.shape)
-    if final_norm is not None:
-        model.norm.weight.copy_(final_norm.weight)
+    gain = target_final_norm_gain(target, model.norm.weight.numel())
+    if gain is not None:
+        model.norm.weight.copy_(gain.to(model.norm.weight))
 
 
-def target_final_norm(target, shape: torch.Size):
-    """The target's final norm (`model.norm`) when it has a weight of `shape`, else None: the norm a
-    drafter whose output the target's lm_head reads can start from."""
+@torch.no_grad()
+def target_final_norm_gain(target, hidden_size: int) -> Optional[torch.Tensor]:
+    """The per-dimension gain g [hidden_size] (float32, CPU) of the target's final norm (`model.norm`) when
+    it computes x / rms(x) * g, else None: the start of a drafter's plain RMSNorm whose output the target's
+    lm_head reads. Read off the norm's output, not its weight, so Gemma's `1 + weight` gives 1 + weight;
+    a norm that is not such a scale (a LayerNorm with a bias, say) fails the random probe."""
     norm = getattr(target.model, "norm", None)
     weight = getattr(norm, "weight", None)
-    return norm if weight is not None and weight.shape == shape else None
+    if weight is None or weight.numel() != hidden_size:
+        return None
+    device, dtype = weight.device, weight.dtype
+    # a constant row of rms 100 reads out g (the norm's eps vanishes beside 100^2)
+    gain = norm(torch.full((1, hidden_size), 100.0, device=device, dtype=dtype)).float().cpu()[0]
+    probe = torch.randn(4, hidden_size, generator=torch.Generator().manual_seed(0))
+    plain = probe * torch.rsqrt(probe.pow(2).mean(-1, keepdim=True)) * gain
+    theirs = norm(probe.to(device, dtype)).float().cpu()
+    return gain if torch.allclose(theirs, plain, atol=1e-2, rtol=1e-2) else None
 
 
 def _rope_theta(config) -> float:

@@ -283,6 +283,29 @@ def test_eagle3_head_from_the_target_reads_out_as_the_targets_own_head(tiny_mode
         def forward(self, x):
             return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * (1 + self.weight)
 
-    target.model.norm = OnePlusWeightNorm(target.model.norm.weight.data)
-    with pytest.raises(ConfigError, match="not a plain RMSNorm"):
+    # Gemma's norm: the drafter's plain RMSNorm starts at its gain 1 + weight, so it still reads out the target
+    target.model.norm = OnePlusWeightNorm(torch.randn(target.config.hidden_size) * 0.1)
+    with torch.no_grad():
         head_from_target(model, target)
+        want = target.lm_head(target.model.norm(h))[:, model.to_target_ids(torch.arange(40))]
+        torch.testing.assert_close(model.logits(h), want)
+    target.model.norm = torch.nn.LayerNorm(target.config.hidden_size)  # with a bias: no gain reproduces it
+    torch.nn.init.normal_(target.model.norm.bias)
+    with pytest.raises(ConfigError, match="not an RMSNorm"):
+        head_from_target(model, target)
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "gemma3"])
+def test_a_drafters_norm_starts_at_the_gain_the_targets_final_norm_applies(arch):
+    """Read off the norm's output: a plain RMSNorm's gain is its weight, Gemma's is 1 + weight (DFlash's
+    data-dependent start and EAGLE-3's head_init=target both start from it)."""
+    from pipeline.train.trainer import target_final_norm_gain
+    from pipeline.zoo import random_target
+
+    model = random_target("tiny", arch=arch).model
+    norm = model.model.norm
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn_like(norm.weight) * 0.1)
+    gain = target_final_norm_gain(model, norm.weight.numel())
+    torch.testing.assert_close(gain, norm.weight.detach() + (1.0 if arch == "gemma3" else 0.0))
+    assert target_final_norm_gain(model, norm.weight.numel() + 1) is None
