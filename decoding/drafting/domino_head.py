@@ -46,11 +46,14 @@ def gru_cell(gi: torch.Tensor, h: torch.Tensor, w_hh_t: torch.Tensor) -> torch.T
 
 def gru_update(gi: torch.Tensor, gh: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
     """The GRU cell from both projections gi = W_ih x and gh = W_hh h ([..., 3G]) and the state h:
-    five kernels (addcmul and lerp fuse the n and h' lines), as few as a chain step can launch."""
+    five kernels (addcmul and lerp fuse the n and h' lines), as few as a chain step can launch; the
+    gate blocks are taken as views by split/chunk (one dispatch each, not one per slice)."""
     g = h.shape[-1]
-    ru = torch.sigmoid(gi[..., :2 * g] + gh[..., :2 * g])
-    n = torch.tanh(torch.addcmul(gi[..., 2 * g:], ru[..., :g], gh[..., 2 * g:]))
-    return torch.lerp(n, h, ru[..., g:])  # n + u (h - n)
+    gi_ru, gi_n = gi.split((2 * g, g), dim=-1)
+    gh_ru, gh_n = gh.split((2 * g, g), dim=-1)
+    r, u = torch.sigmoid(gi_ru + gh_ru).chunk(2, dim=-1)
+    n = torch.tanh(torch.addcmul(gi_n, r, gh_n))
+    return torch.lerp(n, h, u)  # n + u (h - n)
 
 
 def gru_path_state(gru: nn.GRU, embeds: torch.Tensor) -> torch.Tensor:
@@ -88,6 +91,7 @@ class Float32Head:
         self.w_hh_t = self.gru.weight_hh_l0.t().contiguous()  # [G, 3G]
         # [G, 3G + E]: a chain step's one matmul gives the next step's W_hh h and this state's W1_s h
         self.w_next_t = torch.cat([self.w_hh_t, self.w_s.t()], dim=1).contiguous()
+        self._next_split = (self.w_hh_t.shape[1], self.w_s.shape[0])  # (3G, E) columns of w_next_t
         self.w2 = self.embed_proj[2].weight  # [V, E]
         self._input_table: torch.Tensor | None = None
 
@@ -106,6 +110,5 @@ class Float32Head:
         W_hh projection [3G] for the step after, its W1_s projection [E] for this correction): one
         matmul per step (`w_next_t`)."""
         h = gru_update(gi, gh, h)
-        both = h @ self.w_next_t
-        g3 = self.w_hh_t.shape[1]
-        return h, both[:g3], both[g3:]
+        gh_next, s_proj = (h @ self.w_next_t).split(self._next_split)
+        return h, gh_next, s_proj

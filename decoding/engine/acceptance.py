@@ -74,7 +74,7 @@ def accept_against(tree: TokenTree, probs: torch.Tensor, sampler: Sampler) -> Ve
         rows, tokens = to_device([chain_nodes, [tree.tokens[c] for c in kids]], probs.device)
         p = probs.index_select(0, rows).float()
         p = p / p.sum(-1, keepdim=True)
-        q = torch.stack([drafts[c].to(p.device).float() for c in kids])
+        q = torch.stack([drafts[c] for c in kids]).to(p.device, torch.float32)  # one drafter: one device
         px = p.gather(1, tokens[:, None])[:, 0]
         qx = q.gather(1, tokens[:, None])[:, 0]
         accepted = sampler.uniform(len(kids)) * qx < px  # u < p(x)/q(x), without dividing by q(x) = 0

@@ -52,62 +52,57 @@ class Domino(BlockDraftMethod):
         if 0 < self.config.candidate_pool < base.shape[-1] and len(base) > prefix:
             pool = torch.topk(base[prefix:].max(dim=0).values, self.config.candidate_pool).indices
         temperature = state.temperature if not state.greedy and self.config.sample_draft else 0.0
-        tokens, pool_probs = corrected_chain(self.head, self.embed, draft.hidden, base, state.root, prefix, pool,
-                                             temperature, state.sampler.for_device(base.device))
+        tokens, dists = corrected_chain(self.head, self.embed, draft.hidden, base, state.root, prefix, pool,
+                                        temperature, state.sampler.for_device(base.device))
         drafted = to_host(torch.stack(tokens))[0]
-        return Proposal(TokenTree.chain(state.root, drafted, self._full_probs(pool_probs, base)),
-                        hidden_layers=self.taps)
-
-    @staticmethod
-    def _full_probs(pool_probs, base) -> list:
-        """Draft distributions over the whole vocabulary (zero outside the pool), for acceptance: the
-        pooled rows scattered in one kernel."""
-        if all(q is None for q, _ in pool_probs):
-            return [None] * len(pool_probs)
-        pooled = [k for k, (_, local) in enumerate(pool_probs) if local is not None]
-        out = [q for q, _ in pool_probs]
-        if pooled:
-            local = pool_probs[pooled[0]][1]  # one pool per round: every corrected position shares it
-            rows = torch.stack([out[k] for k in pooled])
-            full = rows.new_zeros(len(pooled), base.shape[-1]).scatter_(1, local.expand(len(pooled), -1), rows)
-            for k, row in zip(pooled, full.unbind(0)):
-                out[k] = row
-        return out
+        draft_probs = [None] * len(drafted) if dists is None else list(dists.unbind(0))
+        return Proposal(TokenTree.chain(state.root, drafted, draft_probs), hidden_layers=self.taps)
 
 
 def corrected_chain(head, embed, z, base, root: int, prefix: int, pool, temperature: float, sampler):
     """The chain of the module docstring, on the device: K device-scalar tokens (argmax, or drawn at
-    `temperature` > 0) and per position (q over the pool or the vocabulary, the pool ids or None).
+    `temperature` > 0) and, at T > 0, the distributions they were drawn from [K, V] (zero outside the
+    pool at corrected positions), else None.
     Per-round tables: z's W1 part for every position, the pool's base logits and W2 rows, and the
-    round's uniforms; per position one embedding-table row, one GRU step with one matmul
-    (Float32Head.state_step), one addmv for the corrected logits and the pick."""
+    round's Gumbel noise (scaled by T: argmax(logits + T g) is a draw from softmax(logits / T)); the
+    uncorrected prefix in one pick; per corrected position one embedding-table row, one GRU step with
+    one matmul (Float32Head.state_step), one addmv for the corrected logits, one add and one argmax.
+    The distributions are one softmax per round, after the loop."""
     z = z.float()
+    sampled = temperature > 0
     table = head.input_table(embed)  # [V, 3G]: a GRU step's input is a row of it
     base_pool = base if pool is None else base[:, pool]  # [K, C]
     w2 = head.w2 if pool is None else head.w2[pool]  # [C, E]
     z_proj = z @ head.w_z.t()  # [K, E]
-    uniforms = sampler.uniform(len(base), torch.float64) if temperature > 0 else None
-    tokens, pool_probs = [], []
+    head_rows = base[:prefix]
+    if sampled:
+        head_rows = head_rows + temperature * sampler.gumbel(head_rows.shape)
+        noise = temperature * sampler.gumbel((len(base) - prefix, base_pool.shape[-1]))
+    tokens = list(head_rows.argmax(-1).unbind(0))
+    # per-position rows as views made once (one dispatch each, not one index per position)
+    z_rows, base_rows = z_proj.unbind(0), base_pool.unbind(0)
+    noise_rows = noise.unbind(0) if sampled else ()
+    corrected = []  # the corrected positions' logits
     h = torch.zeros(head.gru.hidden_size, device=z.device)
     gh = torch.zeros(head.w_hh_t.shape[1], device=z.device)  # W_hh h of the zero state
     s_proj = None
-    for k in range(len(base)):
-        if k < prefix:
-            logits, local = base[k], None
+    for k in range(prefix, len(base)):
+        # F.embedding, not table[tok]: indexing with a 0-dim device tensor reads it on the host (a sync)
+        if s_proj is None:  # the GRU reads the root and the uncorrected prefix
+            for tok in [torch.full((), root, device=z.device), *tokens]:
+                h, gh, s_proj = head.state_step(F.embedding(tok, table), h, gh)
         else:
-            # F.embedding, not table[tok]: indexing with a 0-dim device tensor reads it on the host (a sync)
-            if s_proj is None:  # the GRU reads the root and the uncorrected prefix
-                for tok in [torch.full((), root, device=z.device), *tokens]:
-                    h, gh, s_proj = head.state_step(F.embedding(tok, table), h, gh)
-            else:
-                h, gh, s_proj = head.state_step(F.embedding(tokens[-1], table), h, gh)
-            logits = torch.addmv(base_pool[k], w2, F.silu(z_proj[k] + s_proj))
-            local = pool
-        q = probabilities(logits, temperature) if temperature > 0 else None
-        pick = sampler.categorical(q, uniforms[k]) if q is not None else logits.argmax()
-        tokens.append(pick if local is None else local.gather(0, pick.view(1))[0])
-        pool_probs.append((q, local))
-    return tokens, pool_probs
+            h, gh, s_proj = head.state_step(F.embedding(tokens[-1], table), h, gh)
+        corrected.append(torch.addmv(base_rows[k], w2, F.silu(z_rows[k] + s_proj)))
+        pick = (corrected[-1] + noise_rows[k - prefix]).argmax() if sampled else corrected[-1].argmax()
+        tokens.append(pick if pool is None else pool.gather(0, pick.view(1)).view(()))
+    if not sampled:
+        return tokens, None
+    dists = probabilities(torch.stack(corrected), temperature) if corrected else \
+        z.new_zeros(0, base_pool.shape[-1])
+    if pool is not None:  # zero outside the pool: the distribution the draw came from, over the vocabulary
+        dists = dists.new_zeros(len(dists), base.shape[-1]).scatter_(1, pool.expand(len(dists), -1), dists)
+    return tokens, torch.cat([probabilities(base[:prefix], temperature), dists])
 
 
 CONFIG = DominoConfig

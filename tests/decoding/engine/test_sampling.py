@@ -70,6 +70,21 @@ def test_categorical_with_predrawn_uniforms_picks_as_the_inverse_cdf_and_leaves_
     assert rows.tolist() == [0, 3]
 
 
+@pytest.mark.parametrize("temperature", [0.5, 1.0])
+def test_gumbel_max_draws_follow_the_softmax_at_temperature(temperature):
+    """argmax(logits + T g) with g = sampler.gumbel(...) is a draw from softmax(logits / T): how the Domino
+    chain samples its positions. A masked (-inf) logit is never drawn; the noise is float64, reproducible."""
+    logits = torch.tensor([1.0, float("-inf"), 0.2, -0.5, 2.0])
+    sampler = Sampler(4)
+    noise = sampler.gumbel((40000, 5))
+    assert noise.dtype == torch.float64 and torch.equal(noise[:3], Sampler(4).gumbel((3, 5)))
+    draws = (logits + temperature * noise).argmax(-1)
+    counts = torch.bincount(draws, minlength=5)
+    p = torch.softmax(logits.double() / temperature, -1)
+    assert counts[1] == 0
+    assert chisquare(counts[[0, 2, 3, 4]].numpy(), (p[[0, 2, 3, 4]] * 40000).numpy()).pvalue > 1e-3
+
+
 def test_to_host_is_one_copy_of_mixed_tensors():
     ints, flags, floats = to_host(torch.tensor([3, 70000]), torch.tensor([True, False]), torch.tensor([0.5]))
     assert ints == [3, 70000] and flags == [1, 0] and floats == [0.5]
