@@ -91,7 +91,6 @@ class Float32Head:
         self.w_hh_t = self.gru.weight_hh_l0.t().contiguous()  # [G, 3G]
         # [G, 3G + E]: a chain step's one matmul gives the next step's W_hh h and this state's W1_s h
         self.w_next_t = torch.cat([self.w_hh_t, self.w_s.t()], dim=1).contiguous()
-        self._next_split = (self.w_hh_t.shape[1], self.w_s.shape[0])  # (3G, E) columns of w_next_t
         self.w2 = self.embed_proj[2].weight  # [V, E]
         self._input_table: torch.Tensor | None = None
 
@@ -104,11 +103,3 @@ class Float32Head:
             ids = torch.arange(embed.num_embeddings, device=embed.weight.device)
             self._input_table = torch.cat([embed(chunk).float() @ self.w_ih.t() for chunk in ids.split(8192)])
         return self._input_table
-
-    def state_step(self, gi: torch.Tensor, h: torch.Tensor, gh: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """One GRU step from its input projection gi [3G], state h [G] and W_hh h [3G] -> (new h, its
-        W_hh projection [3G] for the step after, its W1_s projection [E] for this correction): one
-        matmul per step (`w_next_t`)."""
-        h = gru_update(gi, gh, h)
-        gh_next, s_proj = (h @ self.w_next_t).split(self._next_split)
-        return h, gh_next, s_proj

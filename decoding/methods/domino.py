@@ -19,11 +19,13 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from decoding.engine.compiled import maybe_compiled
 from decoding.methods.block_draft import BlockDraftMethod
 from decoding.engine.loop import DecodeState, Proposal
 from decoding.engine.sampling import probabilities
 from decoding.engine.transfer import to_host
 from decoding.engine.tree import TokenTree
+from decoding.drafting.domino_head import gru_update
 from pipeline.errors import check_range
 
 
@@ -34,6 +36,7 @@ class DominoConfig:
     drafter: Optional[str] = None  # local folder or HF hub id; null = the model's `drafters.domino`
     candidate_pool: int = 2048  # Domino's released rollout: correction over the top-2048 pool (0 = full vocab)
     sample_draft: bool = True  # released Domino samples the draft at T (verified by rejection sampling)
+    compile: bool = False  # torch.compile the correction chain (decoding/engine/compiled.py): one compile per run
 
     def __post_init__(self) -> None:
         check_range("method.candidate_pool", self.candidate_pool, 0)
@@ -42,6 +45,10 @@ class DominoConfig:
 class Domino(BlockDraftMethod):
     name = "domino"
     needs_domino = True
+
+    def setup(self, target) -> None:
+        super().setup(target)
+        self.chain = maybe_compiled(chain_picks, self.config.compile, "method.compile")
 
     @torch.inference_mode()
     def propose(self, state: DecodeState) -> Proposal:
@@ -53,56 +60,69 @@ class Domino(BlockDraftMethod):
             pool = torch.topk(base[prefix:].max(dim=0).values, self.config.candidate_pool).indices
         temperature = state.temperature if not state.greedy and self.config.sample_draft else 0.0
         tokens, dists = corrected_chain(self.head, self.embed, draft.hidden, base, state.root, prefix, pool,
-                                        temperature, state.sampler.for_device(base.device))
-        drafted = to_host(torch.stack(tokens))[0]
+                                        temperature, state.sampler.for_device(base.device), self.chain)
+        drafted = to_host(tokens)[0]
         draft_probs = [None] * len(drafted) if dists is None else list(dists.unbind(0))
         return Proposal(TokenTree.chain(state.root, drafted, draft_probs), hidden_layers=self.taps)
 
 
-def corrected_chain(head, embed, z, base, root: int, prefix: int, pool, temperature: float, sampler):
-    """The chain of the module docstring, on the device: K device-scalar tokens (argmax, or drawn at
+def corrected_chain(head, embed, z, base, root: int, prefix: int, pool, temperature: float, sampler,
+                    chain=None):
+    """The chain of the module docstring, on the device: the K drafted tokens [K] (argmax, or drawn at
     `temperature` > 0) and, at T > 0, the distributions they were drawn from [K, V] (zero outside the
-    pool at corrected positions), else None.
-    Per-round tables: z's W1 part for every position, the pool's base logits and W2 rows, and the
-    round's Gumbel noise (scaled by T: argmax(logits + T g) is a draw from softmax(logits / T)); the
-    uncorrected prefix in one pick; per corrected position one embedding-table row, one GRU step with
-    one matmul (Float32Head.state_step), one addmv for the corrected logits, one add and one argmax.
-    The distributions are one softmax per round, after the loop."""
-    z = z.float()
-    sampled = temperature > 0
+    pool at corrected positions), else None. Per round: z's W1 part for every position, the pool's base
+    logits and W2 rows, and the round's Gumbel noise (scaled by T: argmax(logits + T g) is a draw from
+    softmax(logits / T)); the uncorrected prefix in one pick; the corrected positions by `chain`
+    (chain_picks, or its compiled form); the distributions in one softmax after it."""
     table = head.input_table(embed)  # [V, 3G]: a GRU step's input is a row of it
     base_pool = base if pool is None else base[:, pool]  # [K, C]
     w2 = head.w2 if pool is None else head.w2[pool]  # [C, E]
-    z_proj = z @ head.w_z.t()  # [K, E]
+    z_proj = z[prefix:].float() @ head.w_z.t()  # [K - prefix, E]
     head_rows = base[:prefix]
-    if sampled:
+    noise = None
+    if temperature > 0:
         head_rows = head_rows + temperature * sampler.gumbel(head_rows.shape)
         noise = temperature * sampler.gumbel((len(base) - prefix, base_pool.shape[-1]))
-    tokens = list(head_rows.argmax(-1).unbind(0))
-    # per-position rows as views made once (one dispatch each, not one index per position)
-    z_rows, base_rows = z_proj.unbind(0), base_pool.unbind(0)
-    noise_rows = noise.unbind(0) if sampled else ()
-    corrected = []  # the corrected positions' logits
-    h = torch.zeros(head.gru.hidden_size, device=z.device)
-    gh = torch.zeros(head.w_hh_t.shape[1], device=z.device)  # W_hh h of the zero state
-    s_proj = None
-    for k in range(prefix, len(base)):
-        # F.embedding, not table[tok]: indexing with a 0-dim device tensor reads it on the host (a sync)
-        if s_proj is None:  # the GRU reads the root and the uncorrected prefix
-            for tok in [torch.full((), root, device=z.device), *tokens]:
-                h, gh, s_proj = head.state_step(F.embedding(tok, table), h, gh)
-        else:
-            h, gh, s_proj = head.state_step(F.embedding(tokens[-1], table), h, gh)
-        corrected.append(torch.addmv(base_rows[k], w2, F.silu(z_rows[k] + s_proj)))
-        pick = (corrected[-1] + noise_rows[k - prefix]).argmax() if sampled else corrected[-1].argmax()
-        tokens.append(pick if pool is None else pool.gather(0, pick.view(1)).view(()))
-    if not sampled:
+    first = torch.cat([torch.full((1,), root, device=base.device), head_rows.argmax(-1)])  # root + prefix
+    if len(base) == prefix:
+        tokens, corrected = first[1:], base_pool[:0]
+    else:
+        picks, corrected = (chain or chain_picks)(table, head.w_next_t, w2, z_proj, base_pool[prefix:], noise,
+                                                  first, pool)
+        tokens = torch.cat([first[1:], picks])
+    if temperature <= 0:
         return tokens, None
-    dists = probabilities(torch.stack(corrected), temperature) if corrected else \
-        z.new_zeros(0, base_pool.shape[-1])
+    dists = probabilities(corrected, temperature)
     if pool is not None:  # zero outside the pool: the distribution the draw came from, over the vocabulary
         dists = dists.new_zeros(len(dists), base.shape[-1]).scatter_(1, pool.expand(len(dists), -1), dists)
     return tokens, torch.cat([probabilities(base[:prefix], temperature), dists])
+
+
+def chain_picks(table, w_next_t, w2, z_proj, base_rows, noise, first, pool):
+    """The corrected positions, one after another: the GRU reads `first` (root and uncorrected prefix),
+    then per position one addmv for the corrected logits, one add of its noise (T > 0) and one argmax,
+    one embedding-table row and one GRU step with one matmul (`w_next_t` = [W_hh^T | W1_s^T]: the next
+    step's W_hh h and this state's W1 part). Returns the picked token ids [n] and the corrected logits
+    [n, C]. A pure tensor function of its inputs, so `decoding.engine.compiled` can compile it whole."""
+    g3, n = w_next_t.shape[1] - z_proj.shape[1], base_rows.shape[0]
+    h = z_proj.new_zeros(w_next_t.shape[0])
+    gh = z_proj.new_zeros(g3)  # W_hh h of the zero state
+    z_rows, base_list = z_proj.unbind(0), base_rows.unbind(0)  # views made once, not one index per position
+    noise_rows = noise.unbind(0) if noise is not None else None
+    s_proj = None
+    # F.embedding, not table[tok]: indexing with a 0-dim device tensor reads it on the host (a sync)
+    for tok in first.unbind(0):
+        h = gru_update(F.embedding(tok, table), gh, h)
+        gh, s_proj = (h @ w_next_t).split((g3, w_next_t.shape[1] - g3))
+    picks, rows = [], []
+    for k in range(n):
+        rows.append(torch.addmv(base_list[k], w2, F.silu(z_rows[k] + s_proj)))
+        pick = (rows[-1] + noise_rows[k]).argmax() if noise_rows is not None else rows[-1].argmax()
+        picks.append(pick if pool is None else pool.gather(0, pick.view(1)).view(()))
+        if k + 1 < n:
+            h = gru_update(F.embedding(picks[-1], table), gh, h)
+            gh, s_proj = (h @ w_next_t).split((g3, w_next_t.shape[1] - g3))
+    return torch.stack(picks), torch.stack(rows)
 
 
 CONFIG = DominoConfig

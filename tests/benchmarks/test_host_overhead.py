@@ -10,7 +10,7 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 def test_host_overhead_prints_a_row_per_method_and_temperature_and_the_worst_last(tmp_path):
     proc = subprocess.run([sys.executable, "benchmarks/bench_host_overhead.py", "--methods", "ar,ptd", "--prompts", "2",
-                           "--max-new-tokens", "8"], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600,
+                           "--max-new-tokens", "8", "--compiled", ""], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600,
                           env={"SPECDEC_CACHE": str(tmp_path), "PATH": "/usr/bin:/bin"})
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = proc.stdout.strip().splitlines()

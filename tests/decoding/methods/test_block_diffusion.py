@@ -185,3 +185,37 @@ def test_sampled_domino_drafts_carry_their_pool_distribution_over_the_whole_voca
             if node > prefix:  # a corrected position: support inside the pool of 20 candidates
                 assert int((q > 0).sum()) <= 20
     assert chains[0] == chains[1]
+
+
+@pytest.mark.slow
+def test_compiled_domino_chain_drafts_as_the_eager_one_and_decodes_as_ar(tiny_llama, drafter_dirs, monkeypatch,
+                                                                        tmp_path):
+    """method.compile=true (torch.compile of chain_picks, ~30 s per temperature branch on a CPU core): with the
+    same inputs and noise it picks the eager chain's tokens and computes its corrected logits up to fused
+    rounding; greedy decoding still equals AR, and a sampled run completes with the same seed's chain."""
+    from decoding.engine.compiled import maybe_compiled
+    from decoding.engine.sampling import Sampler
+    from decoding.methods.domino import chain_picks
+
+    method = build("domino_pool", drafter_dirs, tiny_llama, monkeypatch, tmp_path)
+    compiled = maybe_compiled(chain_picks, True, "method.compile")
+    head, gen = method.head, torch.Generator().manual_seed(0)
+    table = head.input_table(method.embed)
+    pool = torch.randperm(tiny_llama.config.vocab_size, generator=gen)[:20]
+    z_proj = torch.randn(5, head.w2.shape[1], generator=gen)
+    base_rows = torch.randn(5, 20, generator=gen)
+    first = torch.tensor([7, 30])
+    for noise in (None, Sampler(3).gumbel((5, 20))):
+        args = (table, head.w_next_t, head.w2[pool], z_proj, base_rows, noise, first, pool)
+        (want, want_rows), (got, got_rows) = chain_picks(*args), compiled(*args)
+        assert torch.equal(got, want)
+        torch.testing.assert_close(got_rows, want_rows, rtol=1e-5, atol=1e-5)
+    cfg = domino.DominoConfig(drafter=drafter_dirs["llama"]["domino"], candidate_pool=20, compile=True)
+    fast = domino.Domino(cfg)
+    fast.setup(tiny_llama)
+    prompt = [7, 30, 31, 30, 31, 30]
+    assert generate(fast, tiny_llama, prompt, max_new_tokens=16).new_tokens == \
+        generate(AR(), tiny_llama, prompt, max_new_tokens=16).new_tokens
+    sampled = [generate(m, tiny_llama, prompt, max_new_tokens=16, temperature=1.0, seed=4).new_tokens
+               for m in (fast, method)]
+    assert sampled[0] == sampled[1]
