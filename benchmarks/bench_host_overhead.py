@@ -10,8 +10,8 @@ the host work of a step is serial with it unless it is this small).
     python benchmarks/bench_host_overhead.py [--methods ar,pld,ptd] [--compiled domino] [--prompts 4]
         [--max-new-tokens 64]
 
-`--compiled`: methods also measured with method.compile=true (their rows say "compiled"; not in the
-worst line, which is about the defaults).
+`--compiled` (default domino): methods also measured with method.compile=true (their rows say
+"compiled"; not in the worst line, which is about the defaults).
 
 Last line: `worst host overhead: <method> <ms> ms/step`.
 """

@@ -4,6 +4,7 @@ On one GPU (default shape: Qwen3-1.7B's, random weights; a few minutes):
 1. every method (pipeline/zoo.py METHODS) at T=0 and T=1 on a few prompts: no crash, tokens/s,
    τ, host ms per step (wall minus network forwards), and at T=0 the tie diagnosis of every
    mismatch with AR (decoding/engine/ties.py): a lossless method may leave AR only at near-ties;
+   then Domino with method.compile=true (`--compiled`; the torch.compile'd chain, Triton on a GPU);
 2. DominoTree's fast builder (depth by depth; on CUDA each depth is a CUDA-graph replay) against the
    reference builder on the drafts of a real run: equal trees, and each builder's ms per tree;
 3. the forward-cost curve: ms of one forward of n rows (n = 1 .. 1024) on a 512-token cache.
@@ -43,16 +44,18 @@ def sync(device) -> None:
         torch.cuda.synchronize()
 
 
-def run_methods(target, folder, shape, names, prompt_ids, max_new_tokens) -> list[dict]:
+def run_methods(target, folder, shape, names, prompt_ids, max_new_tokens, compiled=()) -> list[dict]:
+    """Every method of `names` at its defaults, then those of `compiled` with method.compile=true."""
     rows, ar_outputs = [], None
-    for name in names:
+    for name, overrides in [(n, {}) for n in names] + [(n, {"compile": True}) for n in compiled]:
+        label = name + (" compiled" if overrides else "")
         try:
-            method = build_method(name, target, folder, shape)
+            method = build_method(name, target, folder, shape, **overrides)
         except Exception as err:  # a crash is a result here: report it and go on
-            rows.append({"method": name, "T": None, "error": f"{type(err).__name__}: {one_line(err)}"})
+            rows.append({"method": label, "T": None, "error": f"{type(err).__name__}: {one_line(err)}"})
             continue
         for temperature in (0.0, 1.0):
-            row = {"method": name, "T": temperature}
+            row = {"method": label, "T": temperature}
             try:
                 r = host_overhead(method, target, prompt_ids, max_new_tokens, temperature)
             except Exception as err:
@@ -163,6 +166,8 @@ def main() -> int:
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--prompts", type=int, default=None, help="default 4 (tiny: 2)")
     ap.add_argument("--max-new-tokens", type=int, default=None, help="default 48 (tiny: 16)")
+    ap.add_argument("--compiled", default=None,
+                    help="methods also run with method.compile=true (default domino; tiny: none, it compiles for ~1 min)")
     ap.add_argument("--max-rows", type=int, default=1024, help="largest row count of the cost curve")
     ap.add_argument("--out", default=None, help="write the report as JSON")
     args = ap.parse_args()
@@ -175,11 +180,12 @@ def main() -> int:
     target = random_target(shape, dtype=getattr(torch, args.dtype), device=args.device)
     prompt_ids = mixed_prompts(n_prompts, target.config.vocab_size - 1)
     names = [m for m in args.methods.split(",") if m]
+    compiled = [m for m in (args.compiled if args.compiled is not None else "" if args.tiny else "domino").split(",") if m]
     if names[0] != "ar":
         names.insert(0, "ar")  # the reference of the tie diagnosis
     report = {"device": torch.cuda.get_device_name(0) if torch.device(args.device).type == "cuda" else "cpu",
               "shape": shape, "dtype": args.dtype, "torch": torch.__version__,
-              "methods": run_methods(target, folder, shape, names, prompt_ids, max_new),
+              "methods": run_methods(target, folder, shape, names, prompt_ids, max_new, compiled),
               "builders": compare_builders(target, folder, shape, prompt_ids[:2], max_new),
               "cost_curve": cost_curve(target, 512, [n for n in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
                                                      if n <= args.max_rows])}
