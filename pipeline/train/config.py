@@ -64,7 +64,8 @@ class DrafterTrainConfig:
     head_init: str = "random"  # eagle3: random (EAGLE-3, SpecForge) | target (its lm_head rows and final norm, trained)
     ttt_decay: float = 0.8  # eagle3: weight decay^j of step j's loss (EAGLE main.py, SpecForge ploss_decay)
     max_train_len: int = 2048  # tokens per training sequence (EAGLE: max_len 2048)
-    bf16_autocast: bool = True  # matmuls in bf16 (native on this project's CPUs and on GPUs); weights/optimizer fp32
+    # matmuls in bf16, weights/optimizer fp32; null = where bf16 is native (a GPU, a CPU with avx512_bf16/AMX)
+    bf16_autocast: Optional[bool] = None
 
     def __post_init__(self) -> None:
         check_choice("drafter.kind", self.kind, ("dflash", "domino", "exit_head", "eagle3"))

@@ -309,3 +309,20 @@ def test_a_drafters_norm_starts_at_the_gain_the_targets_final_norm_applies(arch)
     gain = target_final_norm_gain(model, norm.weight.numel())
     torch.testing.assert_close(gain, norm.weight.detach() + (1.0 if arch == "gemma3" else 0.0))
     assert target_final_norm_gain(model, norm.weight.numel() + 1) is None
+
+
+@pytest.mark.parametrize("setting, native, want", [(None, True, True), (None, False, False), (True, False, True),
+                                                    (False, True, False)])
+def test_bf16_autocast_defaults_to_where_bf16_is_native(setting, native, want, monkeypatch):
+    """drafter.bf16_autocast=null (the default) autocasts only on a CPU with native bf16: emulated bf16 (an AVX2-only
+    CPU) made a training step ~10x slower than fp32; true/false force it."""
+    from types import SimpleNamespace
+
+    import pipeline.train.trainer as trainer
+
+    monkeypatch.setattr(trainer, "cpu_has_native_bf16", lambda: native)
+    cfg = SimpleNamespace(drafter=SimpleNamespace(bf16_autocast=setting))
+    with trainer.autocast(cfg, "cpu"):
+        assert torch.is_autocast_enabled("cpu") == want
+    assert compose_train(["drafter=eagle3"]).drafter.bf16_autocast is None
+    assert compose_train(["drafter=eagle3", "drafter.bf16_autocast=false"]).drafter.bf16_autocast is False
