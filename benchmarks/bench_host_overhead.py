@@ -11,7 +11,8 @@ the host work of a step is serial with it unless it is this small).
         [--max-new-tokens 64]
 
 `--compiled` (default domino): methods also measured with method.compile=true (their rows say
-"compiled"; not in the worst line, which is about the defaults).
+"compiled"; not in the worst line, which is about the defaults). `--count-ops`: a last column with the
+torch calls per step outside the network passes, counted in a second run (load-independent).
 
 Last line: `worst host overhead: <method> <ms> ms/step`.
 """
@@ -39,6 +40,9 @@ def main() -> None:
     # also measured with method.compile=true (decoding/engine/compiled.py); each compiles once per temperature
     # branch (~30 s on a CPU core), and these rows are not the defaults the worst line is about
     ap.add_argument("--compiled", default="domino")
+    # torch calls per step outside the passes (pipeline/zoo.py HostOpCounter), from a second, untimed run:
+    # a count that does not depend on the machine's load, where the times on a shared machine do
+    ap.add_argument("--count-ops", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     folder = tempfile.mkdtemp(prefix="host_overhead_")
@@ -47,7 +51,8 @@ def main() -> None:
     rows = []
     print(f"tiny random Qwen3 (6 layers, hidden 64, vocab 512), fp32, {args.device}, threads={torch.get_num_threads()}, "
           f"{args.prompts} prompts x {args.max_new_tokens} tokens")
-    print(f"{'method':22s} {'T':>3s} {'steps':>6s} {'tok/step':>8s} {'wall ms':>8s} {'fwd ms':>8s} {'host ms':>8s}")
+    print(f"{'method':22s} {'T':>3s} {'steps':>6s} {'tok/step':>8s} {'wall ms':>8s} {'fwd ms':>8s} {'host ms':>8s}"
+          + (f" {'host ops':>8s}" if args.count_ops else ""))
     runs = [(m, {}) for m in args.methods.split(",") if m]
     runs += [(m, {"compile": True}) for m in args.compiled.split(",") if m]
     for name, overrides in runs:
@@ -57,8 +62,13 @@ def main() -> None:
             r = host_overhead(method, target, mixed_prompts(args.prompts, 500), args.max_new_tokens, temperature)
             if not overrides:
                 rows.append((name, temperature, r))
+            ops = ""
+            if args.count_ops:
+                counted = host_overhead(method, target, mixed_prompts(args.prompts, 500), args.max_new_tokens,
+                                        temperature, count_ops=True)
+                ops = f" {counted['host_ops']:8.1f}"
             print(f"{label:22s} {temperature:3g} {r['steps']:6d} {r['tokens_per_step']:8.2f} {r['wall_ms']:8.3f} "
-                  f"{r['forward_ms']:8.3f} {r['host_ms']:8.3f}", flush=True)
+                  f"{r['forward_ms']:8.3f} {r['host_ms']:8.3f}{ops}", flush=True)
     name, temperature, worst = max(rows, key=lambda row: row[2]["host_ms"])
     print(f"(worst at T={temperature:g}; goal <= 0.5 ms/step)")
     print(f"worst host overhead: {name} {worst['host_ms']:.3f} ms/step")

@@ -257,16 +257,36 @@ class ForwardTimer:
             setattr(owner, name, fn)
 
 
+class HostOpCounter(torch.overrides.TorchFunctionMode):
+    """Counts the torch calls made from Python (functions, tensor methods and attributes, as
+    `__torch_function__` sees them) outside the timed network passes, once `counting` is set: a
+    machine-independent measure of a step's host work (each is a dispatch, on a GPU often a launch)."""
+
+    def __init__(self):
+        super().__init__()
+        self.timer, self.counting, self.calls = None, False, 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if self.counting and self.timer is not None and self.timer.depth == 0:
+            self.calls += 1
+        return func(*args, **(kwargs or {}))
+
+
 def host_overhead(method, target: TargetModel, prompts: list[list[int]], max_new_tokens: int,
-                  temperature: float = 0.0, seed: int = 0) -> dict:
+                  temperature: float = 0.0, seed: int = 0, count_ops: bool = False) -> dict:
     """Per decoding step: total time, time in network forwards and host time (total - forwards), in
-    ms, over `prompts` (the first step and the prefill are excluded). Clock: ForwardTimer's."""
+    ms, over `prompts` (the first step and the prefill are excluded). Clock: ForwardTimer's.
+    `count_ops`: also `host_ops`, the torch calls per step outside the passes (HostOpCounter; the
+    counting itself slows the run, so its times are not comparable with a run without it)."""
+    import contextlib
+
     from decoding.engine.loop import generate
 
     generate(method, target, prompts[0], max_new_tokens=min(8, max_new_tokens), temperature=temperature)  # warm-up
     wall = fwd = 0.0
     steps = tokens = all_steps = 0
     outputs, tau_steps, tau_accepted = [], 0, 0
+    counter = HostOpCounter() if count_ops else None
     for i, prompt in enumerate(prompts):
         timer = ForwardTimer(target.device)
         marks = {}
@@ -274,11 +294,17 @@ def host_overhead(method, target: TargetModel, prompts: list[list[int]], max_new
         def started(state, marks=marks, timer=timer):
             marks.setdefault("t0", timer.clock())
             marks.setdefault("f0", timer.forward_s)
+            if counter is not None:
+                counter.counting = True
 
-        with timer:
+        if counter is not None:
+            counter.timer, counter.counting = timer, False
+        with timer, (counter if counter is not None else contextlib.nullcontext()):
             state = generate(method, target, prompt, max_new_tokens=max_new_tokens, temperature=temperature,
                              seed=seed + i, on_step=started)
             end = timer.clock()
+        if counter is not None:
+            counter.counting = False
         outputs.append(state.new_tokens)
         tau_steps += state.stats.num_steps
         tau_accepted += state.stats.num_accepted_tokens
@@ -292,6 +318,9 @@ def host_overhead(method, target: TargetModel, prompts: list[list[int]], max_new
         all_steps += state.stats.num_steps
         tokens += state.stats.new_tokens
     steps = max(steps, 1)
-    return {"steps": steps, "wall_ms": 1000 * wall / steps, "forward_ms": 1000 * fwd / steps,
-            "host_ms": 1000 * (wall - fwd) / steps, "tokens_per_step": tokens / max(1, all_steps),
-            "tau": (tau_accepted + tau_steps) / max(1, tau_steps), "outputs": outputs}
+    out = {"steps": steps, "wall_ms": 1000 * wall / steps, "forward_ms": 1000 * fwd / steps,
+           "host_ms": 1000 * (wall - fwd) / steps, "tokens_per_step": tokens / max(1, all_steps),
+           "tau": (tau_accepted + tau_steps) / max(1, tau_steps), "outputs": outputs}
+    if counter is not None:
+        out["host_ops"] = counter.calls / steps
+    return out
