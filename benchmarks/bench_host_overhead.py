@@ -62,8 +62,8 @@ def main() -> None:
             r = host_overhead(method, target, mixed_prompts(args.prompts, 500), args.max_new_tokens, temperature)
             if not overrides:
                 rows.append((name, temperature, r))
-            ops = ""
-            if args.count_ops:
+            ops = f" {'–':>8s}" if args.count_ops else ""
+            if args.count_ops and not overrides:  # a compiled region would be traced with the counter: not counted
                 counted = host_overhead(method, target, mixed_prompts(args.prompts, 500), args.max_new_tokens,
                                         temperature, count_ops=True)
                 ops = f" {counted['host_ops']:8.1f}"

@@ -5,7 +5,8 @@ Compiled, such a loop is one fused program: on this project's CPUs inductor emit
 of the host-overhead model runs ~8x faster), on a GPU Triton kernels (fewer launches). Shapes are
 static (`dynamic=False`): a loop sees one block size and one candidate-pool width per run, so it
 compiles once per branch it takes (T = 0 and T > 0), the first time it runs; inductor's on-disk cache
-makes later processes faster. The compiled function computes what the eager one computes, up to
+makes later processes faster. A process that runs several configurations keeps a graph per shape (up
+to 64 per function). The compiled function computes what the eager one computes, up to
 float rounding of fused operations (tested).
 """
 
@@ -24,6 +25,10 @@ def maybe_compiled(fn: Callable, enabled: bool, what: str) -> Callable:
         return fn
     import torch
 
+    # Dynamo keeps at most `recompile_limit` graphs per function (8 by default) and, with fullgraph, fails
+    # past it: a process that runs several configurations (a Hydra multirun: models, pools, T = 0 and T > 0)
+    # legitimately needs more specialisations than that
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     compiled = torch.compile(fn, dynamic=False, fullgraph=True)
 
     @functools.wraps(fn)
