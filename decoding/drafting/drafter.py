@@ -18,7 +18,7 @@ from typing import Optional
 
 import torch
 
-from decoding.engine.sampling import Sampler, probabilities
+from decoding.engine.sampling import ChainDraws, Sampler
 from decoding.engine.transfer import to_device, to_host
 from decoding.drafting.routing import kept_layers, load_mask
 from decoding.engine.target import TargetModel
@@ -96,23 +96,13 @@ class Drafter:
         sampler = sampler.for_device(self.lm.output_device)
         feed, depths = to_device(fed, device), torch.arange(len(fed), device=device)
         next_depth = torch.zeros(1, dtype=torch.long, device=device)  # a fed-back draft: one row after the cache
-        sampled = temperature > 0
-        uniforms = sampler.uniform(gamma, torch.float64) if sampled else None
-        tokens, rows = [], []  # rows: the distributions (T > 0) or the logits (T = 0)
-        for i in range(gamma):
-            logits = self.lm.forward(feed, depths, None, last_only=True).logits[-1]
-            if sampled:
-                rows.append(probabilities(logits, temperature))
-                tokens.append(sampler.categorical(rows[-1], uniforms[i]))
-            else:
-                rows.append(logits)
-                tokens.append(logits.argmax())
+        draws, tokens = ChainDraws(sampler, gamma, temperature), []
+        for _ in range(gamma):
+            tokens.append(draws.pick(self.lm.forward(feed, depths, None, last_only=True).logits[-1]))
             feed, depths = tokens[-1].view(1).to(device), next_depth
         drafted = to_host(torch.stack(tokens))[0]
         self.cached.extend(fed + drafted[:-1])  # the last draft is not fed yet
-        if sampled:
-            return drafted, torch.stack(rows)
-        return drafted, probabilities(torch.stack(rows), temperature) if need_dists else None
+        return drafted, draws.distributions(need_dists)
 
     def record(self, stats) -> None:
         """The drafter's own passes of this generation; in target-forward units when its layers

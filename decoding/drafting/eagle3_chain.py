@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from decoding.drafting.eagle3_drafter import load_eagle3
-from decoding.engine.sampling import Sampler, probabilities
+from decoding.engine.sampling import ChainDraws, Sampler
 from decoding.engine.transfer import to_device, to_host
 from pipeline.errors import ConfigError
 
@@ -83,28 +83,19 @@ class Eagle3ChainDrafter:
             return [], torch.empty(0, self.vocab_size, device=device)
         sampler = sampler.for_device(device)
         h, past_k, past_v = self._tail(sequence[self.cache.length + 1:], device)
-        # as Drafter.draft: at T > 0 the draft's uniforms drawn at once; at T = 0 its distributions are one
-        # softmax after the loop. Draws are over the draft vocabulary, scattered to the target's once.
-        sampled = temperature > 0
-        uniforms = sampler.uniform(gamma, torch.float64) if sampled else None
+        # draws over the draft vocabulary (as Drafter.draft's, ChainDraws), scattered to the target's once
+        draws, tokens = ChainDraws(sampler, gamma, temperature), []
         positions = torch.arange(past_k.shape[1], past_k.shape[1] + gamma, device=device)  # the drafts' rows
-        tokens, rows = [], []  # rows: the draft-vocabulary distributions (T > 0) or the logits (T = 0)
         for i in range(gamma):
-            logits = self.model.logits(h)[0]
-            if sampled:
-                rows.append(probabilities(logits, temperature))
-                picked = sampler.categorical(rows[-1], uniforms[i])
-            else:
-                rows.append(logits)
-                picked = logits.argmax()
+            picked = draws.pick(self.model.logits(h)[0])
             tokens.append(self.draft_to_target.index_select(0, picked.view(1)))
             if i + 1 < gamma:
                 h, past_k, past_v = self.model.step(self.embed(tokens[-1]), h, positions[i:i + 1], past_k, past_v)
                 self.passes += 1
         drafted = to_host(torch.cat(tokens))[0]
-        if not (sampled or need_dists):
+        dists = draws.distributions(need_dists)
+        if dists is None:
             return drafted, None
-        dists = torch.stack(rows) if sampled else probabilities(torch.stack(rows), temperature)
         return drafted, dists.new_zeros(gamma, self.vocab_size).index_copy_(1, self.draft_to_target, dists)
 
     def _tail(self, tail: list[int], device):

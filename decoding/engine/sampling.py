@@ -88,6 +88,35 @@ class Sampler:
         return picked.view(probs.shape[:-1])
 
 
+class ChainDraws:
+    """The draws of a drafted chain, position after position (a drafter's γ drafts, each fed back before
+    the next): at T > 0 the chain's uniforms are drawn at once and each position is an inverse-CDF draw
+    from softmax(logits / T), whose row is kept; at T = 0 each position is the argmax and its logits are
+    kept, turned into T = 1 distributions by one softmax after the loop, and only if asked. Shared by
+    every drafter loop (decoding/drafting/drafter.py, eagle3_chain.py), so they draw alike."""
+
+    def __init__(self, sampler: Sampler, length: int, temperature: float):
+        self.sampler, self.temperature = sampler, temperature
+        self.sampled = temperature > 0
+        self.uniforms = sampler.uniform(length, torch.float64) if self.sampled else None
+        self.rows: list[torch.Tensor] = []  # the distributions (T > 0) or the logits (T = 0)
+
+    def pick(self, logits: torch.Tensor) -> torch.Tensor:
+        """The next position's token (a device scalar) from its logits [V]."""
+        if not self.sampled:
+            self.rows.append(logits)
+            return logits.argmax()
+        self.rows.append(probabilities(logits, self.temperature))
+        return self.sampler.categorical(self.rows[-1], self.uniforms[len(self.rows) - 1])
+
+    def distributions(self, needed: bool = True) -> torch.Tensor | None:
+        """[n, V]: the rows the draws came from (T > 0; T = 0: the T = 1 softmax of the logits, or None
+        when not `needed`)."""
+        if self.sampled:
+            return torch.stack(self.rows)
+        return probabilities(torch.stack(self.rows), self.temperature) if needed else None
+
+
 def _same_device(a: torch.device, b: torch.device) -> bool:
     if a.type != b.type:
         return False

@@ -85,6 +85,25 @@ def test_gumbel_max_draws_follow_the_softmax_at_temperature(temperature):
     assert chisquare(counts[[0, 2, 3, 4]].numpy(), (p[[0, 2, 3, 4]] * 40000).numpy()).pvalue > 1e-3
 
 
+def test_chain_draws_pick_argmax_or_inverse_cdf_from_the_chains_uniforms_and_return_their_rows():
+    """ChainDraws, the sampling of every drafter loop: T = 0 is the argmax, with T = 1 distributions only on request;
+    T > 0 draws position i with the i-th of the uniforms drawn at the start (the same picks as categorical with
+    them) and returns exactly the rows it drew from."""
+    from decoding.engine.sampling import ChainDraws, probabilities
+
+    logits = torch.randn(4, 9, generator=torch.Generator().manual_seed(1))
+    greedy = ChainDraws(Sampler(0), 4, 0.0)
+    assert [int(greedy.pick(row)) for row in logits] == logits.argmax(-1).tolist()
+    assert greedy.distributions(needed=False) is None
+    torch.testing.assert_close(greedy.distributions(), torch.softmax(logits, -1))
+    draws = ChainDraws(Sampler(5), 4, 0.7)
+    picks = [int(draws.pick(row)) for row in logits]
+    uniforms, sampler = Sampler(5).uniform(4, torch.float64), Sampler(5)
+    want = [int(sampler.categorical(probabilities(row, 0.7), uniforms[i])) for i, row in enumerate(logits)]
+    assert picks == want
+    torch.testing.assert_close(draws.distributions(needed=False), probabilities(logits, 0.7))
+
+
 def test_to_host_is_one_copy_of_mixed_tensors():
     ints, flags, floats = to_host(torch.tensor([3, 70000]), torch.tensor([True, False]), torch.tensor([0.5]))
     assert ints == [3, 70000] and flags == [1, 0] and floats == [0.5]
