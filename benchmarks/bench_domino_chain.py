@@ -53,20 +53,23 @@ def main() -> None:
     os.environ.setdefault("SPECDEC_CACHE", folder)
     target = random_target(args.shape, dtype=getattr(torch, args.dtype), device=args.device)
     method = build_method("domino", target, folder, args.shape)
-    head, device = method.head, torch.device(args.device)
-    depth, vocab = method.drafter.spec.block_size, target.config.vocab_size
+    head, device, spec = method.head, torch.device(args.device), method.drafter.spec
+    vocab, prefix = target.config.vocab_size, spec.pure_draft_prefix_len
+    corrected = spec.block_size - prefix  # as Domino: with shift_label every block row is a draft position
+    # as Domino.propose: a pool only when it is narrower than the vocabulary
     pool_size = method.config.candidate_pool if 0 < method.config.candidate_pool < vocab else vocab
     gen = torch.Generator(device=device).manual_seed(0)
-    pool = torch.randperm(vocab, generator=gen, device=device)[:pool_size]
-    z_proj = torch.randn(depth - 1, head.w2.shape[1], generator=gen, device=device)
-    base_rows = torch.randn(depth - 1, pool_size, generator=gen, device=device)
-    first = torch.tensor([7, 30], device=device)
-    table, w2 = head.input_table(method.embed), head.w2[pool]
+    pool = torch.randperm(vocab, generator=gen, device=device)[:pool_size] if pool_size < vocab else None
+    z_proj = torch.randn(corrected, head.w2.shape[1], generator=gen, device=device)
+    base_rows = torch.randn(corrected, pool_size, generator=gen, device=device)
+    first = torch.randint(3, vocab, (prefix + 1,), generator=gen, device=device)  # root + uncorrected prefix
+    table, w2 = head.input_table(method.embed), head.w2 if pool is None else head.w2[pool]
     compiled = maybe_compiled(chain_picks, True, "method.compile")
     print(f"{args.shape} random model, {args.device}, {args.dtype} drafter, head in fp32, threads={torch.get_num_threads()}: "
-          f"{depth - 1} corrected positions over a {pool_size}-token pool, GRU {head.w_hh_t.shape[0]}")
+          f"{corrected} corrected positions over {'a ' + str(pool_size) + '-token pool' if pool is not None else 'the ' + str(vocab) + '-token vocabulary'}, "
+          f"GRU {head.w_hh_t.shape[0]}")
     for temperature in (0.0, 1.0):
-        noise = temperature * Sampler(0, device).gumbel((depth - 1, pool_size)) if temperature > 0 else None
+        noise = temperature * Sampler(0, device).gumbel((corrected, pool_size)) if temperature > 0 else None
         inputs = (table, head.w_next_t, w2, z_proj, base_rows, noise, first, pool)
         t0 = time.perf_counter()
         same = torch.equal(compiled(*inputs)[0], chain_picks(*inputs)[0])

@@ -8,6 +8,7 @@ cache dir, so only the first load pays for the download and dequantisation.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -133,6 +134,13 @@ def _fetch_gguf(cfg: ModelConfig, tmp: Path) -> str:
     return str(out_dir)
 
 
+def cuda_has_native_bf16(device=None) -> bool:
+    """True where the GPU computes bf16 natively (compute capability 8.0 and up: Ampere, Hopper, ...); an
+    older one (V100, T4) only emulates it, so fp16 is its half type."""
+    return torch.cuda.is_available() and torch.cuda.get_device_capability(device) >= (8, 0)
+
+
+@functools.lru_cache(maxsize=None)
 def cpu_has_native_bf16() -> bool:
     """True where the CPU computes bf16 natively (x86 avx512_bf16 or AMX, Arm's bf16 extension); there a
     bf16 forward is faster than fp32 and batches of rows scale like on a GPU. Elsewhere bf16 is emulated."""
@@ -152,7 +160,7 @@ def resolve_dtype(name: str, device_map: Optional[str] = None) -> torch.dtype:
     if name != "auto":
         return getattr(torch, name)
     if device_map is not None and torch.cuda.is_available():
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.bfloat16 if cuda_has_native_bf16() else torch.float16
     return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
 
 

@@ -258,9 +258,11 @@ class ForwardTimer:
 
 
 class HostOpCounter(torch.overrides.TorchFunctionMode):
-    """Counts the torch calls made from Python (functions, tensor methods and attributes, as
-    `__torch_function__` sees them) outside the timed network passes, once `counting` is set: a
-    machine-independent measure of a step's host work (each is a dispatch, on a GPU often a launch)."""
+    """Counts the torch-level calls made from Python outside the timed network passes, once `counting` is
+    set: functions, tensor methods and attribute reads (`.shape`, `.device`, indexing), as
+    `__torch_function__` sees them. Most are dispatches (on a GPU often a kernel launch); attribute reads
+    are not. The count does not move with the machine's load, except for methods whose budget comes
+    from a timed cost profile (CaDDTree, cost-aware DominoTree)."""
 
     def __init__(self):
         super().__init__()
@@ -287,6 +289,7 @@ def host_overhead(method, target: TargetModel, prompts: list[list[int]], max_new
     steps = tokens = all_steps = 0
     outputs, tau_steps, tau_accepted = [], 0, 0
     counter = HostOpCounter() if count_ops else None
+    counted_calls = 0  # of the prompts measured (a prompt of one step is not)
     for i, prompt in enumerate(prompts):
         timer = ForwardTimer(target.device)
         marks = {}
@@ -298,7 +301,7 @@ def host_overhead(method, target: TargetModel, prompts: list[list[int]], max_new
                 counter.counting = True
 
         if counter is not None:
-            counter.timer, counter.counting = timer, False
+            counter.timer, counter.counting, counter.calls = timer, False, 0
         with timer, (counter if counter is not None else contextlib.nullcontext()):
             state = generate(method, target, prompt, max_new_tokens=max_new_tokens, temperature=temperature,
                              seed=seed + i, on_step=started)
@@ -315,6 +318,7 @@ def host_overhead(method, target: TargetModel, prompts: list[list[int]], max_new
         wall += end - marks["t0"]
         fwd += timer.forward_s - marks["f0"]
         steps += measured
+        counted_calls += counter.calls if counter is not None else 0
         all_steps += state.stats.num_steps
         tokens += state.stats.new_tokens
     steps = max(steps, 1)
@@ -322,5 +326,5 @@ def host_overhead(method, target: TargetModel, prompts: list[list[int]], max_new
            "host_ms": 1000 * (wall - fwd) / steps, "tokens_per_step": tokens / max(1, all_steps),
            "tau": (tau_accepted + tau_steps) / max(1, tau_steps), "outputs": outputs}
     if counter is not None:
-        out["host_ops"] = counter.calls / steps
+        out["host_ops"] = counted_calls / steps
     return out

@@ -1,13 +1,13 @@
 """Optional `torch.compile` of a method's drafting loop: the loops whose per-step cost is the dispatch of
 hundreds of tiny operations, not arithmetic (the Domino chain: ~25 small ops per drafted position).
 
-Compiled, such a loop is one fused program: on this project's CPUs inductor emits C++ (the Domino chain
-of the host-overhead model runs ~8x faster), on a GPU Triton kernels (fewer launches). Shapes are
-static (`dynamic=False`): a loop sees one block size and one candidate-pool width per run, so it
-compiles once per branch it takes (T = 0 and T > 0), the first time it runs; inductor's on-disk cache
-makes later processes faster. A process that runs several configurations keeps a graph per shape (up
-to 64 per function). The compiled function computes what the eager one computes, up to
-float rounding of fused operations (tested).
+Compiled on a CPU, such a loop is one C++ program from inductor (the Domino chain of the host-overhead
+model runs 3-5x faster: benchmarks/bench_domino_chain.py); on a GPU (default mode) it is a few fused
+Triton kernels plus a cuBLAS call per position, still launched one by one (`mode="reduce-overhead"`, CUDA
+graphs, is the thing to try there; not yet run on a GPU). Shapes are static (`dynamic=False`): a loop sees
+one block size and one candidate-pool width per run, so it compiles once per branch it takes (T = 0 and
+T > 0), the first time it runs; inductor's on-disk cache makes later processes faster. The compiled
+function computes what the eager one computes, up to float rounding of fused operations (tested).
 """
 
 from __future__ import annotations
@@ -17,27 +17,39 @@ from typing import Callable
 
 from pipeline.errors import ConfigError
 
+# graphs Dynamo keeps per function before it gives up (fullgraph: fails); the default 8 is too few for a
+# process that runs several configurations (a Hydra multirun over models and pools, T = 0 and T > 0)
+RECOMPILE_LIMIT = 64
+
+
+def _compile_failures() -> tuple[type, ...]:
+    """The exception types of a failed compilation (not of a bug the tracing ran into)."""
+    import torch._dynamo.exc as dynamo
+    import torch._inductor.exc as inductor
+
+    names = [(dynamo, "BackendCompilerFailed"), (dynamo, "Unsupported"), (dynamo, "FailOnRecompileLimitHit"),
+             (inductor, "InductorError"), (inductor, "InvalidCxxCompiler"), (inductor, "CppCompileError")]
+    return tuple(getattr(module, name) for module, name in names if hasattr(module, name))
+
 
 def maybe_compiled(fn: Callable, enabled: bool, what: str) -> Callable:
     """`fn` itself, or a torch.compile'd `fn` whose compilation failure (no C++ compiler on a CPU
-    node, an unsupported backend) is one clear line naming the option `what`."""
+    node, an unsupported backend or construct) is one clear line naming the option `what`."""
     if not enabled:
         return fn
     import torch
 
-    # Dynamo keeps at most `recompile_limit` graphs per function (8 by default) and, with fullgraph, fails
-    # past it: a process that runs several configurations (a Hydra multirun: models, pools, T = 0 and T > 0)
-    # legitimately needs more specialisations than that
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+    config = torch._dynamo.config  # a process-wide setting: raised, never lowered
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"  # torch < 2.7
+    setattr(config, name, max(getattr(config, name), RECOMPILE_LIMIT))
     compiled = torch.compile(fn, dynamic=False, fullgraph=True)
+    failures = _compile_failures()
 
     @functools.wraps(fn)
     def run(*args, **kwargs):
         try:
             return compiled(*args, **kwargs)
-        except Exception as error:  # torch._dynamo / inductor failures of many types
-            if "torch._dynamo" not in type(error).__module__ and "torch._inductor" not in type(error).__module__:
-                raise
+        except failures as error:
             first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             raise ConfigError(f"{what}=true: torch.compile failed ({first}); set {what}=false") from error
 

@@ -75,8 +75,8 @@ class Sampler:
         """One index per row of `probs` ([V] -> scalar, [n, V] -> [n]); rows need not be normalised
         (a zero row is not allowed). Inverse CDF: the first index whose running sum exceeds u * total.
         `uniform`: the rows' U[0, 1) draws in float64 ([n] or [n, 1], or one for a [V] row), taken
-        from `uniform()` beforehand by a loop that samples position after position (a Domino chain):
-        one draw per step instead of one per position."""
+        from `uniform()` beforehand by a loop that samples position after position (a drafter's chain,
+        `ChainDraws`): one draw per step instead of one per position."""
         self.check(probs)
         rows = probs if probs.dim() == 2 else probs.view(1, -1)
         # float64: a float32 running sum stops growing for entries below ~3e-8 once it passes 0.5 (they
@@ -93,7 +93,8 @@ class ChainDraws:
     the next): at T > 0 the chain's uniforms are drawn at once and each position is an inverse-CDF draw
     from softmax(logits / T), whose row is kept; at T = 0 each position is the argmax and its logits are
     kept, turned into T = 1 distributions by one softmax after the loop, and only if asked. Shared by
-    every drafter loop (decoding/drafting/drafter.py, eagle3_chain.py), so they draw alike."""
+    the drafter loops over a whole vocabulary (decoding/drafting/drafter.py, eagle3_chain.py); the Domino
+    chain, whose rows are small, draws by Gumbel-max instead (`gumbel`)."""
 
     def __init__(self, sampler: Sampler, length: int, temperature: float):
         self.sampler, self.temperature = sampler, temperature

@@ -78,12 +78,12 @@ def corrected_chain(head, embed, z, base, root: int, prefix: int, pool, temperat
     base_pool = base if pool is None else base[:, pool]  # [K, C]
     w2 = head.w2 if pool is None else head.w2[pool]  # [C, E]
     z_proj = z[prefix:].float() @ head.w_z.t()  # [K - prefix, E]
-    head_rows = base[:prefix]
+    prefix_rows = base[:prefix]
     noise = None
     if temperature > 0:
-        head_rows = head_rows + temperature * sampler.gumbel(head_rows.shape)
+        prefix_rows = prefix_rows + temperature * sampler.gumbel(prefix_rows.shape)
         noise = temperature * sampler.gumbel((len(base) - prefix, base_pool.shape[-1]))
-    first = torch.cat([torch.full((1,), root, device=base.device), head_rows.argmax(-1)])  # root + prefix
+    first = torch.cat([torch.full((1,), root, device=base.device), prefix_rows.argmax(-1)])  # root + prefix
     if len(base) == prefix:
         tokens, corrected = first[1:], base_pool[:0]
     else:

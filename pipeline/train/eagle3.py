@@ -27,9 +27,11 @@ import logging
 import random
 import time
 from pathlib import Path
+from typing import Optional
 
 import torch
 
+from decoding.drafting.dflash_drafter import resolve_location
 from decoding.drafting.eagle3_drafter import (Eagle3Drafter, Eagle3Spec, default_aux_layer_ids, load_eagle3,
                                              save_eagle3, vocab_mapping)
 from pipeline.errors import ConfigError
@@ -156,8 +158,25 @@ def continued_eagle3(location: str, target_config, layer_ids: list[int]) -> tupl
         raise ConfigError(f"drafter.init_from={location}: taps layers {list(spec.aux_layer_ids)} of a "
                           f"{spec.hidden_size}-wide, {spec.vocab_size}-token target; this run taps {layer_ids} of "
                           f"a {c.hidden_size}-wide, {c.vocab_size}-token one")
-    record = Path(location) / "training.json"
+    record = resolve_location(location) / "training.json"
     return model, json.loads(record.read_text()) if record.is_file() else {}
+
+
+def check_leg(state_dir: Path, out_dir: Path, init_from: Optional[str], prior_steps: int) -> None:
+    """A state dir holds one run's state: a continued leg must not resume a first leg's optimizer and step
+    (nor the reverse), and must not publish over the checkpoint it continues. `leg.json` says whose it is."""
+    leg = {"init_from": str(resolve_location(init_from)) if init_from else None, "init_steps": prior_steps}
+    if init_from and out_dir.resolve() == Path(leg["init_from"]).resolve():
+        raise ConfigError(f"drafter.out_dir={out_dir} is the checkpoint drafter.init_from continues; "
+                          "export the new leg elsewhere")
+    marker = state_dir / "leg.json"
+    if (state_dir / "train_state.pt").exists():
+        theirs = json.loads(marker.read_text()) if marker.exists() else {"init_from": None, "init_steps": 0}
+        if theirs != leg:
+            whose = f"a leg continuing {theirs['init_from']}" if theirs["init_from"] else "a run from scratch"
+            raise ConfigError(f"drafter.state_dir={state_dir} holds the state of {whose}; give this run its own "
+                              "drafter.state_dir")
+    marker.write_text(json.dumps(leg))
 
 
 @torch.no_grad()
@@ -204,6 +223,10 @@ def train_eagle3(cfg: TrainConfig, run_config: dict, show_progress: bool = True)
     if d.head_init == "target":
         head_from_target(model, target)
     prior_steps = int(prior.get("steps", 0))
+    if d.init_from and model.spec.draft_vocab_size != d.draft_vocab_size:
+        log.info("drafter.init_from keeps its draft vocabulary of %d (drafter.draft_vocab_size=%d is not used)",
+                 model.spec.draft_vocab_size, d.draft_vocab_size)
+    check_leg(state_dir, out_dir, d.init_from, prior_steps)
     model.train()
     embed = target.get_input_embeddings()
     unembed = target.get_output_embeddings().weight.detach().float()

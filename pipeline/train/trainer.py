@@ -19,7 +19,7 @@ import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from decoding.drafting.dflash_drafter import DFlashDrafter, DrafterSpec, load_drafter, save_drafter
-from pipeline.models import cpu_has_native_bf16, load_model, stop_token_ids
+from pipeline.models import cpu_has_native_bf16, cuda_has_native_bf16, load_model, stop_token_ids
 from pipeline.train.config import TrainConfig
 from pipeline.train.data import build_dataset, load_samples
 from pipeline.train.objectives import dflash_loss, domino_loss, sample_blocks
@@ -191,7 +191,7 @@ def autocast(cfg, device):
     device = torch.device(device)
     wanted = cfg.drafter.bf16_autocast
     if wanted is None:
-        wanted = torch.cuda.is_bf16_supported() if device.type == "cuda" else cpu_has_native_bf16()
+        wanted = cuda_has_native_bf16(device) if device.type == "cuda" else cpu_has_native_bf16()
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=bool(wanted))
 
 

@@ -19,5 +19,7 @@ def test_host_overhead_prints_a_row_per_method_and_temperature_and_the_worst_las
     host = {(r[0], r[1]): float(r[-2]) for r in rows}
     ops = {(r[0], r[1]): float(r[-1]) for r in rows}  # --count-ops: torch calls per step outside the passes
     assert all(n > 0 for n in ops.values()) and ops[("ptd", "0")] > ops[("ar", "0")]
+    # outside the passes only: one forward of the 6-layer target alone makes well over 100 torch calls
+    assert ops[("ar", "0")] < 60
     worst = re.fullmatch(r"worst host overhead: (\w+) ([0-9.]+) ms/step", lines[-1])
     assert worst and float(worst.group(2)) == max(host.values())

@@ -209,7 +209,8 @@ def test_eagle3_training_raises_chain_acceptance_and_decodes_as_method_eagle3(ti
     eagle = generate(method, wrapped, prompt, max_new_tokens=20)
     assert eagle.new_tokens == generate(AR(), wrapped, prompt, max_new_tokens=20).new_tokens
     # a rerun with more steps resumes
-    more = compose_train([o if not o.startswith("drafter.steps") else "drafter.steps=32" for o in overrides])
+    more_overrides = [o if not o.startswith("drafter.steps") else "drafter.steps=32" for o in overrides]
+    more = compose_train(more_overrides)
     assert train(more, {}, show_progress=False)["steps"] == 32
     # drafter.init_from continues the exported drafter with a fresh optimizer (lr 0: it is kept bit for bit)
     leg = [o for o in overrides if not o.startswith(("drafter.steps", "drafter.lr",
@@ -224,6 +225,20 @@ def test_eagle3_training_raises_chain_acceptance_and_decodes_as_method_eagle3(ti
     with pytest.raises(ConfigError, match="init_from"):
         train(compose_train([o if o != "drafter.eagle_layer_ids=[0,1,2]" else "drafter.eagle_layer_ids=[0,1,1]"
                              for o in leg]), {}, show_progress=False)
+    # the first leg's state dir is not resumed by a continued leg (nor its checkpoint overwritten), nor the reverse
+    first_state = [o for o in leg if not o.startswith("drafter.state_dir")] + \
+        [f"drafter.state_dir={tmp_path / 'state' / 'eagle3'}"]
+    with pytest.raises(ConfigError, match="holds the state of a run from scratch"):
+        train(compose_train(first_state), {}, show_progress=False)
+    with pytest.raises(ConfigError, match="export the new leg elsewhere"):
+        train(compose_train([o if not o.startswith("drafter.out_dir") else f"drafter.out_dir={tmp_path / 'eagle3'}"
+                             for o in leg]), {}, show_progress=False)
+    plain_in_leg_state = [o for o in more_overrides if not o.startswith("drafter.state_dir")] + \
+        [f"drafter.state_dir={tmp_path / 'state' / 'leg2'}"]
+    with pytest.raises(ConfigError, match="holds the state of a leg continuing"):
+        train(compose_train(plain_in_leg_state), {}, show_progress=False)
+    # rerun of the same leg resumes it
+    assert train(compose_train(leg), {}, show_progress=False)["leg_steps"] == 1
 
 
 def test_exit_head_keeps_a_seeded_subset_of_answers_within_its_position_limit():

@@ -252,3 +252,32 @@ def test_the_vectorised_cost_curve_equals_pointwise_cv():
         pointwise = [np.interp(context, cost.context_lengths, [np.interp(n, cost.node_counts, c) for c in cost.fitted])
                      for n in range(101)]
         np.testing.assert_allclose(curve, pointwise, rtol=1e-12)
+
+
+@pytest.mark.parametrize("pool_size, temperature", [(0, 0.7), (5, 1.5)])
+def test_sampled_domino_chain_draws_each_position_from_the_distribution_it_returns(pool_size, temperature,
+                                                                                    tiny_drafter):
+    """Lossless rejection sampling needs every drafted token to be distributed exactly as the row returned
+    for it: over many chains, position k's token counts match the sum of the q_k returned (q_k depends on the
+    tokens drawn before k, so this is the conditional law averaged over them). Gumbel-max at T, a pool."""
+    from decoding.engine.sampling import Sampler
+    from decoding.methods.domino import corrected_chain
+
+    drafter, embed, z, base = domino_case(tiny_drafter, 0, vocab=9, depth=4)
+    head, prefix = Float32Head(drafter), drafter.spec.pure_draft_prefix_len
+    pool = torch.topk(base[prefix:].max(0).values, pool_size).indices if pool_size else None
+    sampler, n = Sampler(11), 4000
+    counts, expected = torch.zeros(4, 9, dtype=torch.float64), torch.zeros(4, 9, dtype=torch.float64)
+    with torch.no_grad():
+        for _ in range(n):
+            tokens, q = corrected_chain(head, embed, z, base, 5, prefix, pool, temperature, sampler)
+            counts[torch.arange(4), tokens] += 1
+            expected += q.double()
+            assert bool((q[torch.arange(4), tokens] > 0).all())
+    assert torch.allclose(expected.sum(1), torch.full((4,), float(n), dtype=torch.float64))
+    if pool is not None:  # corrected positions never leave the pool
+        outside = torch.ones(9, dtype=torch.bool)
+        outside[pool] = False
+        assert counts[prefix:, outside].sum() == 0 and expected[prefix:, outside].sum() == 0
+    z_scores = (counts - expected) / expected.clamp(min=1.0).sqrt()
+    assert z_scores.abs().max() < 4.5

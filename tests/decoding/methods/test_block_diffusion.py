@@ -213,9 +213,13 @@ def test_compiled_domino_chain_drafts_as_the_eager_one_and_decodes_as_ar(tiny_ll
     cfg = domino.DominoConfig(drafter=drafter_dirs["llama"]["domino"], candidate_pool=20, compile=True)
     fast = domino.Domino(cfg)
     fast.setup(tiny_llama)
+    assert fast.chain is not chain_picks and method.chain is chain_picks  # the option chose the compiled chain
+    ran = []
+    compiled_chain = fast.chain
+    fast.chain = lambda *args: ran.append(1) or compiled_chain(*args)
     prompt = [7, 30, 31, 30, 31, 30]
     assert generate(fast, tiny_llama, prompt, max_new_tokens=16).new_tokens == \
         generate(AR(), tiny_llama, prompt, max_new_tokens=16).new_tokens
     sampled = [generate(m, tiny_llama, prompt, max_new_tokens=16, temperature=1.0, seed=4).new_tokens
                for m in (fast, method)]
-    assert sampled[0] == sampled[1]
+    assert sampled[0] == sampled[1] and ran  # and the method drafted with it
