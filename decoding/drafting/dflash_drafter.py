@@ -278,7 +278,7 @@ def resolve_location(location: str) -> Path:
     try:
         from huggingface_hub import snapshot_download
 
-        return Path(snapshot_download(location, allow_patterns=["config.json", "*.safetensors", "*.json"]))
+        return Path(snapshot_download(location, allow_patterns=["*.json", "*.safetensors", "pytorch_model.bin"]))
     except Exception as err:  # offline, unknown repo, gated...
         raise ConfigError(f"drafter checkpoint {location!r}: not a local folder and not downloadable "
                           f"from the HF hub ({type(err).__name__})") from None

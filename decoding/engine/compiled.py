@@ -2,10 +2,10 @@
 hundreds of tiny operations, not arithmetic (the Domino chain: ~25 small ops per drafted position).
 
 Compiled on a CPU, such a loop is one C++ program from inductor (the Domino chain of the host-overhead
-model runs 3-5x faster: benchmarks/bench_domino_chain.py); on a GPU (default mode) it is a few fused
-Triton kernels plus a cuBLAS call per position, still launched one by one (`mode="reduce-overhead"`, CUDA
-graphs, is the thing to try there; not yet run on a GPU). Shapes are static (`dynamic=False`): a loop sees
-one block size and one candidate-pool width per run, so it compiles once per branch it takes (T = 0 and
+model runs 3-5x faster: benchmarks/bench_domino_chain.py); on a GPU (default mode) it should be a few fused
+Triton kernels plus a cuBLAS call per position, still launched one by one (not yet run on a GPU;
+`mode="reduce-overhead"`, CUDA graphs, is the thing to try there). Shapes are static (`dynamic=False`): a loop
+sees one block size and one candidate-pool width per run, so it compiles once per branch it takes (T = 0 and
 T > 0), the first time it runs; inductor's on-disk cache makes later processes faster. The compiled
 function computes what the eager one computes, up to float rounding of fused operations (tested).
 """
@@ -28,6 +28,7 @@ def _compile_failures() -> tuple[type, ...]:
     import torch._inductor.exc as inductor
 
     names = [(dynamo, "BackendCompilerFailed"), (dynamo, "Unsupported"), (dynamo, "FailOnRecompileLimitHit"),
+             (dynamo, "FailOnCacheLimitHit"),  # its name before torch 2.7
              (inductor, "InductorError"), (inductor, "InvalidCxxCompiler"), (inductor, "CppCompileError")]
     return tuple(getattr(module, name) for module, name in names if hasattr(module, name))
 

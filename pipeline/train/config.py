@@ -64,7 +64,7 @@ class DrafterTrainConfig:
     head_init: str = "random"  # eagle3: random (EAGLE-3, SpecForge) | target (its lm_head rows and final norm, trained)
     ttt_decay: float = 0.8  # eagle3: weight decay^j of step j's loss (EAGLE main.py, SpecForge ploss_decay)
     max_train_len: int = 2048  # tokens per training sequence (EAGLE: max_len 2048)
-    # matmuls in bf16, weights/optimizer fp32; null = where bf16 is native (a GPU, a CPU with avx512_bf16/AMX)
+    # matmuls in bf16, weights/optimizer fp32; null = where bf16 is native (GPU cc >= 8.0, CPU avx512_bf16/AMX)
     bf16_autocast: Optional[bool] = None
 
     def __post_init__(self) -> None:

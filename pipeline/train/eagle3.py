@@ -165,15 +165,18 @@ def continued_eagle3(location: str, target_config, layer_ids: list[int]) -> tupl
 def check_leg(state_dir: Path, out_dir: Path, init_from: Optional[str], prior_steps: int) -> None:
     """A state dir holds one run's state: a continued leg must not resume a first leg's optimizer and step
     (nor the reverse), and must not publish over the checkpoint it continues. `leg.json` says whose it is."""
-    leg = {"init_from": str(resolve_location(init_from)) if init_from else None, "init_steps": prior_steps}
-    if init_from and out_dir.resolve() == Path(leg["init_from"]).resolve():
+    leg = {"init_from": str(resolve_location(init_from).resolve()) if init_from else None, "init_steps": prior_steps}
+    # the folder it resolved to, and the spelling itself: a working-directory `drafters/...` that is also the
+    # default out_dir resolves to the shipped copy only until this leg's first export lands there
+    if init_from and out_dir.resolve() in (Path(leg["init_from"]), Path(init_from).expanduser().resolve()):
         raise ConfigError(f"drafter.out_dir={out_dir} is the checkpoint drafter.init_from continues; "
                           "export the new leg elsewhere")
     marker = state_dir / "leg.json"
     if (state_dir / "train_state.pt").exists():
         theirs = json.loads(marker.read_text()) if marker.exists() else {"init_from": None, "init_steps": 0}
         if theirs != leg:
-            whose = f"a leg continuing {theirs['init_from']}" if theirs["init_from"] else "a run from scratch"
+            whose = (f"a leg continuing {theirs['init_from']} (at its step {theirs['init_steps']})"
+                     if theirs["init_from"] else "a run from scratch")
             raise ConfigError(f"drafter.state_dir={state_dir} holds the state of {whose}; give this run its own "
                               "drafter.state_dir")
     marker.write_text(json.dumps(leg))

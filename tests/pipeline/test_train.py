@@ -176,7 +176,7 @@ def test_the_training_time_test_computes_what_decoding_computes():
                     assert torch.allclose(trained[j][t], h[0], atol=1e-5), (t, j)
 
 
-def test_eagle3_training_raises_chain_acceptance_and_decodes_as_method_eagle3(tiny_model_dirs, tmp_path):
+def test_eagle3_training_raises_chain_acceptance_and_decodes_as_method_eagle3(tiny_model_dirs, tmp_path, caplog):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from decoding.engine.loop import generate
@@ -237,8 +237,14 @@ def test_eagle3_training_raises_chain_acceptance_and_decodes_as_method_eagle3(ti
         [f"drafter.state_dir={tmp_path / 'state' / 'leg2'}"]
     with pytest.raises(ConfigError, match="holds the state of a leg continuing"):
         train(compose_train(plain_in_leg_state), {}, show_progress=False)
-    # rerun of the same leg resumes it
-    assert train(compose_train(leg), {}, show_progress=False)["leg_steps"] == 1
+    # rerun of the same leg resumes it (its saved step, not a fresh start), also when init_from is spelt absolute
+    import logging
+
+    rerun = [o if not o.startswith("drafter.init_from") else f"drafter.init_from={(tmp_path / 'eagle3').resolve()}"
+             for o in leg]
+    with caplog.at_level(logging.INFO, logger="pipeline.train.trainer"):
+        assert train(compose_train(rerun), {}, show_progress=False)["leg_steps"] == 1
+    assert "resumed at step 1" in caplog.text
 
 
 def test_exit_head_keeps_a_seeded_subset_of_answers_within_its_position_limit():
