@@ -56,6 +56,16 @@ def gru_update(gi: torch.Tensor, gh: torch.Tensor, h: torch.Tensor) -> torch.Ten
     return torch.lerp(n, h, u)  # n + u (h - n)
 
 
+def gru_step(gi: torch.Tensor, h: torch.Tensor, gh: torch.Tensor, w_next_t: torch.Tensor,
+             g3: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One step of the Domino chain's GRU from its input projection gi [3G], state h [G] and W_hh h [3G]
+    -> (new h, its W_hh projection [3G] for the step after, its W1_s projection [E] for this position's
+    correction): one matmul with `w_next_t` = [W_hh^T | W1_s^T] [G, 3G + E]."""
+    h = gru_update(gi, gh, h)
+    gh_next, s_proj = (h @ w_next_t).split((g3, w_next_t.shape[1] - g3))
+    return h, gh_next, s_proj
+
+
 def gru_path_state(gru: nn.GRU, embeds: torch.Tensor) -> torch.Tensor:
     """State after reading a whole path: embeds [L, H] -> [G]."""
     return gru(embeds[None])[1][0, 0]

@@ -25,7 +25,7 @@ from decoding.engine.loop import DecodeState, Proposal
 from decoding.engine.sampling import probabilities
 from decoding.engine.transfer import to_host
 from decoding.engine.tree import TokenTree
-from decoding.drafting.domino_head import gru_update
+from decoding.drafting.domino_head import gru_step
 from pipeline.errors import check_range
 
 
@@ -101,9 +101,9 @@ def corrected_chain(head, embed, z, base, root: int, prefix: int, pool, temperat
 def chain_picks(table, w_next_t, w2, z_proj, base_rows, noise, first, pool):
     """The corrected positions, one after another: the GRU reads `first` (root and uncorrected prefix),
     then per position one addmv for the corrected logits, one add of its noise (T > 0) and one argmax,
-    one embedding-table row and one GRU step with one matmul (`w_next_t` = [W_hh^T | W1_s^T]: the next
-    step's W_hh h and this state's W1 part). Returns the picked token ids [n] and the corrected logits
-    [n, C]. A pure tensor function of its inputs, so `decoding.engine.compiled` can compile it whole."""
+    one embedding-table row and one GRU step with one matmul (`gru_step`). Returns the picked token ids
+    [n] and the corrected logits [n, C]. A pure tensor function of its inputs, so `decoding.engine.compiled`
+    can compile it whole."""
     g3, n = w_next_t.shape[1] - z_proj.shape[1], base_rows.shape[0]
     h = z_proj.new_zeros(w_next_t.shape[0])
     gh = z_proj.new_zeros(g3)  # W_hh h of the zero state
@@ -112,16 +112,14 @@ def chain_picks(table, w_next_t, w2, z_proj, base_rows, noise, first, pool):
     s_proj = None
     # F.embedding, not table[tok]: indexing with a 0-dim device tensor reads it on the host (a sync)
     for tok in first.unbind(0):
-        h = gru_update(F.embedding(tok, table), gh, h)
-        gh, s_proj = (h @ w_next_t).split((g3, w_next_t.shape[1] - g3))
+        h, gh, s_proj = gru_step(F.embedding(tok, table), h, gh, w_next_t, g3)
     picks, rows = [], []
     for k in range(n):
         rows.append(torch.addmv(base_list[k], w2, F.silu(z_rows[k] + s_proj)))
         pick = (rows[-1] + noise_rows[k]).argmax() if noise_rows is not None else rows[-1].argmax()
         picks.append(pick if pool is None else pool.gather(0, pick.view(1)).view(()))
         if k + 1 < n:
-            h = gru_update(F.embedding(picks[-1], table), gh, h)
-            gh, s_proj = (h @ w_next_t).split((g3, w_next_t.shape[1] - g3))
+            h, gh, s_proj = gru_step(F.embedding(picks[-1], table), h, gh, w_next_t, g3)
     return torch.stack(picks), torch.stack(rows)
 
 

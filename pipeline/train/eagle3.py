@@ -148,24 +148,27 @@ def token_counts(samples: list[dict], vocab_size: int) -> torch.Tensor:
     return counts
 
 
-def continued_eagle3(location: str, target_config, layer_ids: list[int]) -> tuple[Eagle3Drafter, dict]:
-    """(drafter, its training.json or {}) from a trained checkpoint, for a further leg with a fresh optimizer and
-    schedule (`drafter.init_from`): its draft vocabulary and layer taps are kept, so they must match this run."""
-    model = load_eagle3(location, dtype=torch.float32)
+def continued_eagle3(location: str, folder: Path, target_config, layer_ids: list[int]) -> tuple[Eagle3Drafter, dict]:
+    """(drafter, its training.json or {}) from a trained checkpoint (`drafter.init_from`=location, resolved to
+    `folder` once), for a further leg with a fresh optimizer and schedule: its draft vocabulary and layer
+    taps are kept, so they must match this run."""
+    model = load_eagle3(str(folder), dtype=torch.float32)
     spec, c = model.spec, target_config
     if list(spec.aux_layer_ids) != list(layer_ids) or spec.hidden_size != c.hidden_size \
             or spec.vocab_size != c.vocab_size:
         raise ConfigError(f"drafter.init_from={location}: taps layers {list(spec.aux_layer_ids)} of a "
                           f"{spec.hidden_size}-wide, {spec.vocab_size}-token target; this run taps {layer_ids} of "
                           f"a {c.hidden_size}-wide, {c.vocab_size}-token one")
-    record = resolve_location(location) / "training.json"
+    record = folder / "training.json"
     return model, json.loads(record.read_text()) if record.is_file() else {}
 
 
-def check_leg(state_dir: Path, out_dir: Path, init_from: Optional[str], prior_steps: int) -> None:
+def check_leg(state_dir: Path, out_dir: Path, init_from: Optional[str], init_folder: Optional[Path],
+              prior_steps: int) -> None:
     """A state dir holds one run's state: a continued leg must not resume a first leg's optimizer and step
-    (nor the reverse), and must not publish over the checkpoint it continues. `leg.json` says whose it is."""
-    leg = {"init_from": str(resolve_location(init_from).resolve()) if init_from else None, "init_steps": prior_steps}
+    (nor the reverse), and must not publish over the checkpoint it continues (`init_from` as written,
+    `init_folder` where it resolved). `leg.json` says whose it is."""
+    leg = {"init_from": str(init_folder.resolve()) if init_from else None, "init_steps": prior_steps}
     # the folder it resolved to, and the spelling itself: a working-directory `drafters/...` that is also the
     # default out_dir resolves to the shipped copy only until this leg's first export lands there
     if init_from and out_dir.resolve() in (Path(leg["init_from"]), Path(init_from).expanduser().resolve()):
@@ -215,11 +218,13 @@ def train_eagle3(cfg: TrainConfig, run_config: dict, show_progress: bool = True)
                           f"{len(samples)} answers (data.num_prompts)")
     val, train_set = samples[:d.val_sequences], samples[d.val_sequences:]
     prior: dict = {}
+    init_folder = None
     if d.init_from:
         if d.head_init == "target":
             raise ConfigError("drafter.head_init=target starts a new drafter; drafter.init_from continues a "
                               "trained one: set one of them")
-        model, prior = continued_eagle3(d.init_from, target.config, layer_ids)
+        init_folder = resolve_location(d.init_from)  # once: a hub id is one download
+        model, prior = continued_eagle3(d.init_from, init_folder, target.config, layer_ids)
     else:
         model = new_eagle3(target.config, layer_ids, d.draft_vocab_size,
                            token_counts(train_set, target.config.vocab_size), d.seed)
@@ -229,7 +234,7 @@ def train_eagle3(cfg: TrainConfig, run_config: dict, show_progress: bool = True)
     if d.init_from and model.spec.draft_vocab_size != d.draft_vocab_size:
         log.info("drafter.init_from keeps its draft vocabulary of %d (drafter.draft_vocab_size=%d is not used)",
                  model.spec.draft_vocab_size, d.draft_vocab_size)
-    check_leg(state_dir, out_dir, d.init_from, prior_steps)
+    check_leg(state_dir, out_dir, d.init_from, init_folder, prior_steps)
     model.train()
     embed = target.get_input_embeddings()
     unembed = target.get_output_embeddings().weight.detach().float()
