@@ -68,14 +68,14 @@ class AttentionLayout:
     def _mask(visible, positions, prefix_len: int, window: int | None, dtype) -> torch.Tensor:
         n = visible.shape[0]
         cached = prefix_len if window is None else min(prefix_len, window - 1)
-        allowed = torch.ones(n, cached + n, dtype=torch.bool, device=visible.device)
-        allowed[:, cached:] = visible
+        blocked = torch.finfo(dtype).min
+        mask = torch.zeros(1, 1, n, cached + n, dtype=dtype, device=visible.device)
+        mask[0, 0, :, cached:].masked_fill_(visible.logical_not(), blocked)  # a view: the block's own columns
         if window is not None:
             key_positions = torch.cat([torch.arange(prefix_len - cached, prefix_len, device=positions.device),
                                        positions])
-            allowed &= key_positions[None, :] > positions[:, None] - window
-        mask = torch.zeros(1, 1, n, cached + n, dtype=dtype, device=visible.device)
-        return mask.masked_fill_(allowed.logical_not()[None, None], torch.finfo(dtype).min)
+            mask[0, 0].masked_fill_(key_positions[None, :] <= positions[:, None] - window, blocked)
+        return mask
 
     @staticmethod
     def mask_for(masks, layer_type: str):

@@ -174,7 +174,7 @@ class PTD(Method):
         device->host copy: every row's top-`width` next tokens (the tree rows' are recycled, the
         forest leaves' expand the forest, with their log-probabilities) and the forest edges'
         log-probabilities under the new root. Log-probabilities only for the forest's rows (one
-        logsumexp per row, no full-vocabulary log-softmax over the tree rows). Returns (recycled
+        log-softmax over them, none over the tree rows). Returns (recycled
         tokens per tree row, edge log-probabilities in forest order, {leaf: [(token, logp)] best first})."""
         cfg, forest = self.config, self.forest
         n_tree, n_forest, w = len(result.proposal.tree), len(forest), cfg.width
@@ -184,13 +184,13 @@ class PTD(Method):
         top = torch.topk(logits, w, dim=-1)  # the most probable next tokens: log-softmax keeps the order
         reads = [top.indices]
         if n_forest:
-            forest_logits = logits[n_tree:].float()
-            norm = torch.logsumexp(forest_logits, dim=-1)  # [F]: log-prob = logit - norm
-            reads.append(top.values[n_tree:].float() - norm[:, None])
+            logp = torch.log_softmax(logits[n_tree:].float(), dim=-1)  # [F, V], one fused pass
+            reads.append(logp.gather(1, top.indices[n_tree:]))  # the leaves' proposals
             kids = [n for n in forest.nodes if n.parent >= 0]
-            if kids:
-                index = to_device([[n.parent for n in kids], [n.token for n in kids]], logits.device)
-                reads.append(forest_logits[index[0], index[1]] - norm.index_select(0, index[0]))
+            if kids:  # each edge's entry of its parent's row, as flat indices into logp: one index op
+                vocab = logp.shape[-1]
+                flat = to_device([n.parent * vocab + n.token for n in kids], logits.device)
+                reads.append(logp.view(-1).index_select(0, flat))
         ids, *values = to_host(*reads)
         recycled = [ids[r * w:(r + 1) * w] for r in range(n_tree)] if cfg.recycle else []
         proposals, edges = {}, []
