@@ -97,6 +97,49 @@ def test_shipped_smollm2_eagle3_is_lossless_and_accepts_its_drafts(real_target, 
 
 
 @pytest.mark.slow
+def test_shipped_smollm2_eagle3_chain_accepts_at_every_step_what_its_validation_predicts(real_target):
+    """Training and decoding cannot drift apart: at every step of a greedy chain, the drafts accepted equal
+    the leading run of agreeing training-time-test steps that validation (`ttt_steps`, the trainer's own
+    function) computes at that position of the same text, teacher-forced. Near-ties of the two
+    computations' rounding may flip a step, so at most one step in twenty may differ."""
+    from decoding.methods.eagle3 import Eagle3, Eagle3Config
+    from pipeline.train.eagle3 import teacher_pass, ttt_steps
+
+    if real_target.config.model_type != "llama":
+        pytest.skip("the shipped EAGLE-3 drafter is SmolLM2-135M's")
+    tok = real_target.tokenizer
+    text = tok.apply_chat_template([{"role": "user", "content": "Write a short note about keeping bees."}],
+                                   tokenize=False, add_generation_prompt=True)
+    prompt = tok(text, add_special_tokens=False)["input_ids"]
+    length = 7  # the trainer's ttt_length: a chain as long as validation unrolls
+    method = Eagle3(Eagle3Config(drafter="drafters/smollm2-135m/eagle3", tree=False, chain_length=length))
+    method.setup(real_target)
+    roots, accepted = [], []
+    step = method.step
+
+    def recorded(state):
+        roots.append(len(state.sequence) - 1)
+        before = state.stats.num_accepted_tokens
+        step(state)
+        accepted.append(state.stats.num_accepted_tokens - before)
+
+    method.step = recorded
+    state = generate(method, real_target, prompt, max_new_tokens=64)
+    ids = torch.tensor(prompt + state.new_tokens)
+    with torch.no_grad():
+        feats, finals = teacher_pass(real_target.model, ids, list(method.taps))
+        steps = ttt_steps(method.drafter, method.embed, feats, finals,
+                          real_target.model.get_output_embeddings().weight.float(), ids, len(prompt), length)
+    agree = torch.stack([a & ok for _, a, ok in steps])  # [length, T-1]: row t drafts after root t + 1
+    run = agree.int().cumprod(0).sum(0)
+    # the draft at row root - 1 predicts the token after the root; the text's end caps the last step
+    predicted = [min(int(run[r - 1]), len(ids) - 2 - r) for r in roots]
+    assert sum(accepted) > 0.2 * len(state.new_tokens), "the chain must accept drafts for the check to bite"
+    differing = sum(a != p for a, p in zip(accepted, predicted))
+    assert differing <= len(roots) // 20, list(zip(accepted, predicted))
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["dflash", "ddtree", "domino", "dominotree"])
 def test_shipped_smollm2_block_drafters_are_lossless_and_accept_their_drafts(real_target, name):
     """drafters/smollm2-135m/dflash and /domino (trained on the self-distillation corpus), the paths
