@@ -1,0 +1,107 @@
+"""What an EAGLE-3 drafter's validation accept length says about decoding: the shipped SmolLM2 drafter's
+chain, greedy in fp32, on the prompts of the trainer's held-out validation answers (the corpus's lowest
+prompt hashes, as `pipeline/train/trainer.py` `training_samples` picks them).
+
+Per answer it prints
+- `tau`: tokens per target forward of the decoded chain (what a benchmark reports);
+- `per-position`: the trainer's validation metric (`ttt_steps`: 1 + leading agreeing draft steps, averaged
+  over every answer position, teacher-forced) on the same decoded text;
+- `corpus`: the same metric on the corpus answer itself (what `training.json` averages);
+- `differ`: decoding steps whose accepted drafts differ from the leading run validation computes at that root.
+A decoding step starts only where the previous one stopped, so positions inside a long accepted run are
+skipped: tau sits below the per-position mean even when every step accepts exactly what validation predicts.
+
+    python benchmarks/eagle3_validation_vs_decode.py [--answers 8] [--chain-length 7] [--max-new-tokens 96]
+"""
+
+from __future__ import annotations
+
+import argparse
+import zlib
+
+import torch
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--answers", type=int, default=8)
+    ap.add_argument("--chain-length", type=int, default=7, help="drafts per step (the trainer's ttt_length: 7)")
+    ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--drafter", default="pipeline/assets/drafters/smollm2-135m/eagle3")
+    ap.add_argument("--corpus", default="pipeline/assets/corpus/smollm2-135m")
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+
+    from hydra import compose, initialize_config_module
+    from omegaconf import OmegaConf
+
+    from decoding.engine.loop import generate
+    from decoding.engine.target import TargetModel
+    from decoding.methods.eagle3 import Eagle3, Eagle3Config
+    from pipeline.models import load_model
+    from pipeline.schema import register_configs
+    from pipeline.train.corpus import load_corpus
+    from pipeline.train.eagle3 import teacher_pass, ttt_steps
+
+    register_configs()
+    with initialize_config_module(config_module="conf", version_base="1.3"):
+        cfg = OmegaConf.to_object(compose("config", overrides=["model=smollm2-135m", "model.dtype=float32"]))
+    model, tokenizer = load_model(cfg.model)
+    target = TargetModel(model, tokenizer)
+    length = args.chain_length
+    method = Eagle3(Eagle3Config(drafter=args.drafter, tree=False, chain_length=length))
+    method.setup(target)
+    unembed = model.get_output_embeddings().weight.float()
+
+    def leading_runs(ids: torch.Tensor, prompt_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(leading agreeing steps per row [T-1], rows whose first draft is an answer token)."""
+        with torch.no_grad():
+            feats, finals = teacher_pass(model, ids, list(method.taps))
+            steps = ttt_steps(method.drafter, method.embed, feats, finals, unembed, ids, prompt_len, length)
+        agree = torch.stack([a & ok for _, a, ok in steps])
+        return agree.int().cumprod(0).sum(0), steps[0][2]
+
+    samples = load_corpus(args.corpus)  # the trainer's validation answers: lowest prompt hash (data.seed 0)
+    samples = sorted(samples, key=lambda s: zlib.crc32(s["ids"][:s["prompt_len"]].numpy().tobytes(), 0))
+    totals = dict(steps=0, accepted=0, differ=0, pos_sum=0.0, pos_n=0, corpus_sum=0.0, corpus_n=0)
+    print(f"{'answer':>6} {'steps':>5} {'tau':>5} {'per-position':>12} {'corpus':>6} {'differ':>6}")
+    for i, sample in enumerate(samples[:args.answers]):
+        prompt_len = sample["prompt_len"]
+        prompt = sample["ids"][:prompt_len].tolist()
+        roots, accepted = [], []
+        step = method.step
+
+        def recorded(state, step=step):
+            roots.append(len(state.sequence) - 1)
+            before = state.stats.num_accepted_tokens
+            step(state)
+            accepted.append(state.stats.num_accepted_tokens - before)
+
+        method.step = recorded
+        state = generate(method, target, prompt, max_new_tokens=args.max_new_tokens)
+        del method.step
+        ids = torch.tensor(prompt + state.new_tokens)
+        run, rows = leading_runs(ids, prompt_len)
+        predicted = [min(int(run[r - 1]), len(ids) - 2 - r) for r in roots]
+        differ = sum(a != p for a, p in zip(accepted, predicted))
+        corpus_run, corpus_rows = leading_runs(sample["ids"], prompt_len)
+        per_position = float((1 + run.float())[rows].mean())
+        corpus = float((1 + corpus_run.float())[corpus_rows].mean())
+        print(f"{i:>6} {state.stats.num_steps:>5} {state.stats.tau:>5.2f} {per_position:>12.2f} {corpus:>6.2f} {differ:>6}",
+              flush=True)
+        totals["steps"] += state.stats.num_steps
+        totals["accepted"] += state.stats.num_accepted_tokens
+        totals["differ"] += differ
+        totals["pos_sum"] += float((1 + run.float())[rows].sum())
+        totals["pos_n"] += int(rows.sum())
+        totals["corpus_sum"] += float((1 + corpus_run.float())[corpus_rows].sum())
+        totals["corpus_n"] += int(corpus_rows.sum())
+    t = totals
+    print(f"all {t['steps']} steps: tau {(t['accepted'] + t['steps']) / t['steps']:.3f}, per-position mean on the "
+          f"decoded text {t['pos_sum'] / t['pos_n']:.3f}, on the corpus answers {t['corpus_sum'] / t['corpus_n']:.3f}, "
+          f"steps differing from validation's prediction {t['differ']}")
+
+
+if __name__ == "__main__":
+    main()
