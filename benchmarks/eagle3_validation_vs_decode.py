@@ -7,9 +7,11 @@ Per answer it prints
 - `per-position`: the trainer's validation metric (`ttt_steps`: 1 + leading agreeing draft steps, averaged
   over every answer position, teacher-forced) on the same decoded text;
 - `corpus`: the same metric on the corpus answer itself (what `training.json` averages);
-- `differ`: decoding steps whose accepted drafts differ from the leading run validation computes at that root.
-A decoding step starts only where the previous one stopped, so positions inside a long accepted run are
-skipped: tau sits below the per-position mean even when every step accepts exactly what validation predicts.
+- `differ`: decoding steps whose accepted drafts differ from the leading run validation computes at that root
+  (a last step's drafts past the end of the text, at EOS or `--max-new-tokens`, are not counted).
+Decoding stops at the model's EOS, as the runner does. A decoding step starts only where the previous one
+stopped, so step starts are a biased sample of the positions: tau need not equal the per-position mean even when
+every step accepts exactly what validation predicts. The `all` line pools steps and positions over the answers.
 
     python benchmarks/eagle3_validation_vs_decode.py [--answers 8] [--chain-length 7] [--max-new-tokens 96]
 """
@@ -39,7 +41,7 @@ def main() -> None:
     from decoding.engine.loop import generate
     from decoding.engine.target import TargetModel
     from decoding.methods.eagle3 import Eagle3, Eagle3Config
-    from pipeline.models import load_model
+    from pipeline.models import load_model, stop_token_ids
     from pipeline.schema import register_configs
     from pipeline.train.corpus import load_corpus
     from pipeline.train.eagle3 import teacher_pass, ttt_steps
@@ -52,6 +54,7 @@ def main() -> None:
     length = args.chain_length
     method = Eagle3(Eagle3Config(drafter=args.drafter, tree=False, chain_length=length))
     method.setup(target)
+    stops = stop_token_ids(model, tokenizer)
     unembed = model.get_output_embeddings().weight.float()
 
     def leading_runs(ids: torch.Tensor, prompt_len: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -79,12 +82,13 @@ def main() -> None:
             accepted.append(state.stats.num_accepted_tokens - before)
 
         method.step = recorded
-        state = generate(method, target, prompt, max_new_tokens=args.max_new_tokens)
+        state = generate(method, target, prompt, max_new_tokens=args.max_new_tokens, stop_ids=stops)
         del method.step
         ids = torch.tensor(prompt + state.new_tokens)
         run, rows = leading_runs(ids, prompt_len)
-        predicted = [min(int(run[r - 1]), len(ids) - 2 - r) for r in roots]
-        differ = sum(a != p for a, p in zip(accepted, predicted))
+        # a last step may accept drafts past the text's end (EOS, the token limit): only the kept ones count
+        kept = [min(a, len(ids) - 1 - r) for a, r in zip(accepted, roots)]
+        differ = sum(a != int(run[r - 1]) for a, r in zip(kept, roots))
         corpus_run, corpus_rows = leading_runs(sample["ids"], prompt_len)
         per_position = float((1 + run.float())[rows].mean())
         corpus = float((1 + corpus_run.float())[corpus_rows].mean())

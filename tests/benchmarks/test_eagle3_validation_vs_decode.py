@@ -23,4 +23,4 @@ def test_validation_vs_decode_prints_tau_and_the_per_position_means():
                            r"on the corpus answers ([0-9.]+), steps differing from validation's prediction (\d+)",
                            lines[-1])
     assert summary, lines[-1]
-    assert int(summary.group(4)) <= 1  # decoding accepts what validation computes (a near-tie may flip one)
+    assert int(summary.group(4)) <= 1  # decoding accepts what validation computes (a rounding flip: one)
