@@ -207,14 +207,15 @@ def test_recycle_merges_the_verification_rows_top_tokens(tiny_llama):
     assert committed in m.pool.as_nested(root)
 
 
-def test_read_forward_returns_top_tokens_and_log_probs_of_the_leaves_and_edges(tiny_llama):
+@pytest.mark.parametrize("recycle", [True, False])
+def test_read_forward_returns_top_tokens_and_log_probs_of_the_leaves_and_edges(tiny_llama, recycle):
     """Against a plain log-softmax of the forward's rows: every row's top-`width` tokens, the leaves'
     proposals with their log-probabilities and every forest edge's log-probability under the new root."""
     import torch
 
     from decoding.engine.loop import verify
 
-    m = PTD(PTDConfig(width=3, num_seeds=2, depth=4, drafting_budget=8))
+    m = PTD(PTDConfig(width=3, num_seeds=2, depth=4, drafting_budget=8, recycle=recycle))
     state = DecodeState(tiny_llama, [7, 30, 31, 32, 30, 31], 0.0, 40, set(), 0)
     tiny_llama.prefill(state.prompt_ids[:-1])
     m.begin(state)
@@ -226,7 +227,7 @@ def test_read_forward_returns_top_tokens_and_log_probs_of_the_leaves_and_edges(t
     n_tree = len(result.proposal.tree)
     logp = torch.log_softmax(result.output.logits.float(), dim=-1)
     top = torch.topk(logp, 3, dim=-1).indices.tolist()
-    assert recycled == top[:n_tree]
+    assert recycled == (top[:n_tree] if recycle else [])
     kids = [n for n in m.forest.nodes if n.parent >= 0]
     want = [float(logp[n_tree + n.parent, n.token]) for n in kids]
     assert edges == pytest.approx(want, abs=1e-5)
