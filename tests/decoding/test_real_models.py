@@ -96,6 +96,27 @@ def test_shipped_smollm2_eagle3_is_lossless_and_accepts_its_drafts(real_target, 
     assert state.stats.tau > 1.2, state.stats.tau
 
 
+def chat_prompt(tokenizer, message: str) -> list[int]:
+    text = tokenizer.apply_chat_template([{"role": "user", "content": message}], tokenize=False,
+                                         add_generation_prompt=True)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def record_steps(method) -> tuple[list[int], list[int]]:
+    """Lists that fill, per decoding step of `method`, with the root's position and the drafts accepted."""
+    roots, accepted = [], []
+    step = method.step
+
+    def recorded(state):
+        roots.append(len(state.sequence) - 1)
+        before = state.stats.num_accepted_tokens
+        step(state)
+        accepted.append(state.stats.num_accepted_tokens - before)
+
+    method.step = recorded
+    return roots, accepted
+
+
 @pytest.mark.slow
 def test_shipped_smollm2_eagle3_chain_accepts_at_every_step_what_its_validation_predicts(real_target):
     """Training and decoding cannot drift apart: at every step of a greedy chain, the drafts accepted equal
@@ -108,22 +129,11 @@ def test_shipped_smollm2_eagle3_chain_accepts_at_every_step_what_its_validation_
     if real_target.config.model_type != "llama":
         pytest.skip("the shipped EAGLE-3 drafter is SmolLM2-135M's")
     tok = real_target.tokenizer
-    text = tok.apply_chat_template([{"role": "user", "content": "Write a short note about keeping bees."}],
-                                   tokenize=False, add_generation_prompt=True)
-    prompt = tok(text, add_special_tokens=False)["input_ids"]
+    prompt = chat_prompt(tok, "Write a short note about keeping bees.")
     length = 7  # the trainer's ttt_length: a chain as long as validation unrolls
     method = Eagle3(Eagle3Config(drafter="drafters/smollm2-135m/eagle3", tree=False, chain_length=length))
     method.setup(real_target)
-    roots, accepted = [], []
-    step = method.step
-
-    def recorded(state):
-        roots.append(len(state.sequence) - 1)
-        before = state.stats.num_accepted_tokens
-        step(state)
-        accepted.append(state.stats.num_accepted_tokens - before)
-
-    method.step = recorded
+    roots, accepted = record_steps(method)
     state = generate(method, real_target, prompt, max_new_tokens=64,
                      stop_ids=stop_token_ids(real_target.model, real_target.tokenizer))
     ids = torch.tensor(prompt + state.new_tokens)
@@ -154,21 +164,10 @@ def test_shipped_smollm2_dflash_accepts_at_every_step_what_its_training_objectiv
     if real_target.config.model_type != "llama":
         pytest.skip("the shipped DFlash drafter is SmolLM2-135M's")
     tok = real_target.tokenizer
-    text = tok.apply_chat_template([{"role": "user", "content": "List five uses of a paperclip."}],
-                                   tokenize=False, add_generation_prompt=True)
-    prompt = tok(text, add_special_tokens=False)["input_ids"]
+    prompt = chat_prompt(tok, "List five uses of a paperclip.")
     method = DFlash(DFlashConfig(drafter="drafters/smollm2-135m/dflash"))
     method.setup(real_target)
-    roots, accepted = [], []
-    step = method.step
-
-    def recorded(state):
-        roots.append(len(state.sequence) - 1)
-        before = state.stats.num_accepted_tokens
-        step(state)
-        accepted.append(state.stats.num_accepted_tokens - before)
-
-    method.step = recorded
+    roots, accepted = record_steps(method)
     model = real_target.model
     state = generate(method, real_target, prompt, max_new_tokens=64, stop_ids=stop_token_ids(model, tok))
     ids = torch.tensor(prompt + state.new_tokens)
