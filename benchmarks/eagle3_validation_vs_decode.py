@@ -90,17 +90,14 @@ def main() -> None:
         kept = [min(a, len(ids) - 1 - r) for a, r in zip(accepted, roots)]
         differ = sum(a != int(run[r - 1]) for a, r in zip(kept, roots))
         corpus_run, corpus_rows = leading_runs(sample["ids"], prompt_len)
-        per_position = float((1 + run.float())[rows].mean())
-        corpus = float((1 + corpus_run.float())[corpus_rows].mean())
-        print(f"{i:>6} {state.stats.num_steps:>5} {state.stats.tau:>5.2f} {per_position:>12.2f} {corpus:>6.2f} {differ:>6}",
-              flush=True)
-        totals["steps"] += state.stats.num_steps
-        totals["accepted"] += state.stats.num_accepted_tokens
-        totals["differ"] += differ
-        totals["pos_sum"] += float((1 + run.float())[rows].sum())
-        totals["pos_n"] += int(rows.sum())
-        totals["corpus_sum"] += float((1 + corpus_run.float())[corpus_rows].sum())
-        totals["corpus_n"] += int(corpus_rows.sum())
+        pos_sum, pos_n = float((1 + run.float())[rows].sum()), int(rows.sum())
+        corpus_sum, corpus_n = float((1 + corpus_run.float())[corpus_rows].sum()), int(corpus_rows.sum())
+        print(f"{i:>6} {state.stats.num_steps:>5} {state.stats.tau:>5.2f} {pos_sum / pos_n:>12.2f} "
+              f"{corpus_sum / corpus_n:>6.2f} {differ:>6}", flush=True)
+        for key, value in (("steps", state.stats.num_steps), ("accepted", state.stats.num_accepted_tokens),
+                           ("differ", differ), ("pos_sum", pos_sum), ("pos_n", pos_n), ("corpus_sum", corpus_sum),
+                           ("corpus_n", corpus_n)):
+            totals[key] += value
     t = totals
     print(f"all {t['steps']} steps: tau {(t['accepted'] + t['steps']) / t['steps']:.3f}, per-position mean on the "
           f"decoded text {t['pos_sum'] / t['pos_n']:.3f}, on the corpus answers {t['corpus_sum'] / t['corpus_n']:.3f}, "

@@ -134,8 +134,7 @@ def test_shipped_smollm2_eagle3_chain_accepts_at_every_step_what_its_validation_
     method = Eagle3(Eagle3Config(drafter="drafters/smollm2-135m/eagle3", tree=False, chain_length=length))
     method.setup(real_target)
     roots, accepted = record_steps(method)
-    state = generate(method, real_target, prompt, max_new_tokens=64,
-                     stop_ids=stop_token_ids(real_target.model, real_target.tokenizer))
+    state = generate(method, real_target, prompt, max_new_tokens=64, stop_ids=stop_token_ids(real_target.model, tok))
     ids = torch.tensor(prompt + state.new_tokens)
     with torch.no_grad():
         feats, finals = teacher_pass(real_target.model, ids, list(method.taps))
