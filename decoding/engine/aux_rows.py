@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-import torch
 
 from decoding.engine.loop import Proposal
 from decoding.engine.tree import TokenTree

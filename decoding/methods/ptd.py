@@ -39,7 +39,6 @@ from decoding.engine.loop import DecodeState, Method, Proposal, StepResult
 from decoding.drafting.ngram_pool import bigram_redundancy, candidate_tree, record_redundancy
 from decoding.drafting.ptd_tree import DraftForest, TriePool, graft_branches
 from decoding.engine.transfer import to_device, to_host
-from decoding.engine.tree import TokenTree
 from pipeline.errors import check_choice, check_range
 
 SEED_MODES = ("stochastic", "context")

@@ -33,7 +33,9 @@ class DrafterTrainConfig:
     kind: str = "dflash"
     out_dir: str = "drafters/${model.name}/${.kind}"  # published-format safetensors + config.json
     state_dir: str = "outputs/drafter_train/${model.name}/${.kind}"  # resumable optimizer state
-    init_from: Optional[str] = None  # domino: the DFlash checkpoint to start from; eagle3: a trained one to continue
+    # domino: the DFlash checkpoint to start from; dflash, eagle3: a trained checkpoint (ours or a published one,
+    # local folder or hub id) to continue as a new leg: its weights and architecture, a fresh optimizer and schedule
+    init_from: Optional[str] = None
     num_layers: int = 2  # published Qwen3-8B drafter: 5; small for a 2-core CPU
     intermediate_size: int = 1024
     target_layer_ids: list[int] = field(default_factory=lambda: [1, 14, 27])  # default_target_layer_ids(30, 3)

@@ -27,7 +27,6 @@ import logging
 import random
 import time
 from pathlib import Path
-from typing import Optional
 
 import torch
 
@@ -36,8 +35,8 @@ from decoding.drafting.eagle3_drafter import (Eagle3Drafter, Eagle3Spec, default
                                              save_eagle3, vocab_mapping)
 from pipeline.errors import ConfigError
 from pipeline.train.config import TrainConfig
-from pipeline.train.trainer import (autocast, learning_rate, make_wandb, progress_bar, publish, resume_state,
-                                    _rope_theta, save_state, start_run, target_final_norm_gain,
+from pipeline.train.trainer import (autocast, check_leg, learning_rate, make_wandb, progress_bar, publish,
+                                    resume_state, _rope_theta, save_state, start_run, target_final_norm_gain,
                                     training_samples)
 
 log = logging.getLogger(__name__)
@@ -161,28 +160,6 @@ def continued_eagle3(location: str, folder: Path, target_config, layer_ids: list
                           f"a {c.hidden_size}-wide, {c.vocab_size}-token one")
     record = folder / "training.json"
     return model, json.loads(record.read_text()) if record.is_file() else {}
-
-
-def check_leg(state_dir: Path, out_dir: Path, init_from: Optional[str], init_folder: Optional[Path],
-              prior_steps: int) -> None:
-    """A state dir holds one run's state: a continued leg must not resume a first leg's optimizer and step
-    (nor the reverse), and must not publish over the checkpoint it continues (`init_from` as written,
-    `init_folder` where it resolved). `leg.json` says whose it is."""
-    leg = {"init_from": str(init_folder.resolve()) if init_from else None, "init_steps": prior_steps}
-    # the folder it resolved to, and the spelling itself: a working-directory `drafters/...` that is also the
-    # default out_dir resolves to the shipped copy only until this leg's first export lands there
-    if init_from and out_dir.resolve() in (Path(leg["init_from"]), Path(init_from).expanduser().resolve()):
-        raise ConfigError(f"drafter.out_dir={out_dir} is the checkpoint drafter.init_from continues; "
-                          "export the new leg elsewhere")
-    marker = state_dir / "leg.json"
-    if (state_dir / "train_state.pt").exists():
-        theirs = json.loads(marker.read_text()) if marker.exists() else {"init_from": None, "init_steps": 0}
-        if theirs != leg:
-            whose = (f"a leg continuing {theirs['init_from']} (at its step {theirs['init_steps']})"
-                     if theirs["init_from"] else "a run from scratch")
-            raise ConfigError(f"drafter.state_dir={state_dir} holds the state of {whose}; give this run its own "
-                              "drafter.state_dir")
-    marker.write_text(json.dumps(leg))
 
 
 @torch.no_grad()

@@ -18,7 +18,8 @@ from pathlib import Path
 import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from decoding.drafting.dflash_drafter import DFlashDrafter, DrafterSpec, load_drafter, save_drafter
+from decoding.drafting.dflash_drafter import DFlashDrafter, DrafterSpec, load_drafter, resolve_location, save_drafter
+from pipeline.errors import ConfigError
 from pipeline.models import cpu_has_native_bf16, cuda_has_native_bf16, load_model, stop_token_ids
 from pipeline.train.config import TrainConfig
 from pipeline.train.data import build_dataset, load_samples
@@ -86,18 +87,35 @@ def _rope_theta(config) -> float:
     return float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
 
 
+def continued_dflash(location: str, folder: Path, cfg: TrainConfig, target_config) -> tuple[DFlashDrafter, dict]:
+    """(drafter, its training.json or {}) from a trained DFlash checkpoint (`drafter.init_from`=location, resolved
+    to `folder` once: ours or a published one), for a further leg with a fresh optimizer and schedule. Its
+    architecture (layers, taps, block size, mask token) is the checkpoint's; the target must be the one it reads."""
+    model = load_drafter(str(folder), dtype=torch.float32)
+    spec, c, d = model.spec, target_config, cfg.drafter
+    if spec.is_domino:
+        raise ConfigError(f"drafter.init_from={location} is a Domino checkpoint; drafter=dflash continues a DFlash one")
+    if (spec.hidden_size, spec.vocab_size) != (c.hidden_size, c.vocab_size) or max(spec.target_layer_ids) >= \
+            c.num_hidden_layers:
+        raise ConfigError(f"drafter.init_from={location}: taps layers {list(spec.target_layer_ids)} of a "
+                          f"{spec.hidden_size}-wide, {spec.vocab_size}-token target; model {cfg.model.name} is "
+                          f"{c.hidden_size}-wide with {c.vocab_size} tokens and {c.num_hidden_layers} layers")
+    mine = (spec.num_hidden_layers, list(spec.target_layer_ids), spec.block_size, spec.mask_token_id)
+    if mine != (d.num_layers, list(d.target_layer_ids), d.block_size, d.mask_token_id):
+        log.info("drafter.init_from keeps its architecture: %d layers, taps %s, block %d, mask token %d "
+                 "(the drafter.* values of this run are not used)", *mine)
+    record = folder / "training.json"
+    return model, json.loads(record.read_text()) if record.is_file() else {}
+
+
 def domino_from_dflash(cfg: TrainConfig) -> DFlashDrafter:
     """Same backbone weights, plus a fresh Domino head whose output layer starts at zero, so training
     starts exactly from DFlash's drafts."""
     d = cfg.drafter
     if not d.init_from:
-        from pipeline.errors import ConfigError
-
         raise ConfigError("drafter=domino needs drafter.init_from=<trained DFlash checkpoint>")
     base = load_drafter(d.init_from, dtype=torch.float32)
     if base.spec.is_domino:
-        from pipeline.errors import ConfigError
-
         raise ConfigError(f"drafter.init_from={d.init_from} is already a Domino checkpoint")
     spec = DrafterSpec(**{**base.spec.__dict__, "projector_type": "domino", "gru_hidden_dim": d.gru_hidden_dim,
                           "emb_dim": d.emb_dim, "pure_draft_prefix_len": d.pure_draft_prefix_len,
@@ -108,6 +126,28 @@ def domino_from_dflash(cfg: TrainConfig) -> DFlashDrafter:
     torch.nn.init.normal_(model.embed_proj[0].weight, std=0.02)
     torch.nn.init.zeros_(model.embed_proj[2].weight)
     return model
+
+
+def check_leg(state_dir: Path, out_dir: Path, init_from: Optional[str], init_folder: Optional[Path],
+              prior_steps: int) -> None:
+    """A state dir holds one run's state: a continued leg must not resume a first leg's optimizer and step
+    (nor the reverse), and must not publish over the checkpoint it continues (`init_from` as written,
+    `init_folder` where it resolved). `leg.json` says whose it is."""
+    leg = {"init_from": str(init_folder.resolve()) if init_from else None, "init_steps": prior_steps}
+    # the folder it resolved to, and the spelling itself: a working-directory `drafters/...` that is also the
+    # default out_dir resolves to the shipped copy only until this leg's first export lands there
+    if init_from and out_dir.resolve() in (Path(leg["init_from"]), Path(init_from).expanduser().resolve()):
+        raise ConfigError(f"drafter.out_dir={out_dir} is the checkpoint drafter.init_from continues; "
+                          "export the new leg elsewhere")
+    marker = state_dir / "leg.json"
+    if (state_dir / "train_state.pt").exists():
+        theirs = json.loads(marker.read_text()) if marker.exists() else {"init_from": None, "init_steps": 0}
+        if theirs != leg:
+            whose = (f"a leg continuing {theirs['init_from']} (at its step {theirs['init_steps']})"
+                     if theirs["init_from"] else "a run from scratch")
+            raise ConfigError(f"drafter.state_dir={state_dir} holds the state of {whose}; give this run its own "
+                              "drafter.state_dir")
+    marker.write_text(json.dumps(leg))
 
 
 def learning_rate(step: int, cfg) -> float:
@@ -144,10 +184,11 @@ def validate(model, embed, lm_head, samples, cfg) -> dict:
     return {f"val/{k}": v for k, v in totals.items()}
 
 
-def training_samples(cfg: TrainConfig, target, tokenizer) -> list[dict]:
-    """The answer shards (built once, resumable), or the corpus of `data.corpus` (token ids only: the
-    target's features are recomputed by teacher-forced forwards, `with_taps`), in a seeded shuffle:
-    the first val_sequences validate."""
+def training_samples(cfg: TrainConfig, target, tokenizer, tap_layers: Optional[list[int]] = None) -> list[dict]:
+    """The answer shards (built once, resumable; they store the hidden states of `tap_layers`, the drafter's
+    taps, default `drafter.target_layer_ids`), or the corpus of `data.corpus` (token ids only: the target's
+    features are recomputed by teacher-forced forwards, `with_taps`), in a seeded shuffle: the first
+    val_sequences validate."""
     if cfg.data.corpus:
         from pipeline.train.corpus import load_corpus
 
@@ -162,7 +203,8 @@ def training_samples(cfg: TrainConfig, target, tokenizer) -> list[dict]:
         random.Random(cfg.data.seed).shuffle(rest)
         return val + rest
     prompts = training_prompts(cfg.data.num_prompts, cfg.data.seed)
-    paths = build_dataset(target, tokenizer, prompts, list(cfg.drafter.target_layer_ids), Path(cfg.data.dir),
+    taps = list(cfg.drafter.target_layer_ids if tap_layers is None else tap_layers)
+    paths = build_dataset(target, tokenizer, prompts, taps, Path(cfg.data.dir),
                           cfg.data.batch_size, cfg.data.max_new_tokens, stop_token_ids(target, tokenizer),
                           progress=lambda i, n: log.info("data: shard %d/%d", i, n),
                           template_kwargs=cfg.model.chat_template_kwargs)
@@ -265,22 +307,31 @@ def train(cfg: TrainConfig, run_config: dict, show_progress: bool = True) -> dic
     state_dir, out_dir, target, tokenizer = start_run(cfg)
     embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
 
-    samples = training_samples(cfg, target, tokenizer)
+    prior: dict = {}  # a continued DFlash leg: the checkpoint's own training.json
+    continued = d.kind == "dflash" and bool(d.init_from)
     if d.kind == "domino":
         model = domino_from_dflash(cfg)
-    layers = list(model.spec.target_layer_ids) if d.kind == "domino" else list(d.target_layer_ids)
+    elif continued:
+        init_folder = resolve_location(d.init_from)  # once: a hub id is one download
+        model, prior = continued_dflash(d.init_from, init_folder, cfg, target.config)
+        check_leg(state_dir, out_dir, d.init_from, init_folder, int(prior.get("steps", 0)))
+    else:
+        model = new_drafter(cfg, target.config)
+        check_leg(state_dir, out_dir, None, None, 0)
+    layers = list(model.spec.target_layer_ids)  # a checkpoint's own taps (Domino's backbone, a continued leg)
+    samples = training_samples(cfg, target, tokenizer, layers)
     taps = lambda sample: with_taps(sample, target, layers, d.max_train_len)  # noqa: E731 - the corpus: recomputed
     val, train_set = [taps(s) for s in samples[:d.val_sequences]], samples[d.val_sequences:]
-
-    if d.kind == "dflash":
-        model = new_drafter(cfg, target.config)
+    if d.kind == "dflash" and not continued:
         init_from_data(model, [taps(s) for s in train_set[:64]], target)
+    prior_steps = int(prior.get("steps", 0))
     model.train()
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=d.lr, weight_decay=0.01)
     resume_path = state_dir / "train_state.pt"
     step, elapsed = resume_state(resume_path, model, optimizer)
-    gen = torch.Generator().manual_seed(d.seed * 1000 + step)
-    rng = random.Random(d.seed * 1000 + step)
+    # a continued leg does not replay the first one's draws
+    gen = torch.Generator().manual_seed(d.seed * 1000 + prior_steps + step)
+    rng = random.Random(d.seed * 1000 + prior_steps + step)
     wb = make_wandb(cfg, run_config, state_dir)
 
     def checkpoint(final: bool = False) -> dict:
@@ -322,6 +373,9 @@ def train(cfg: TrainConfig, run_config: dict, show_progress: bool = True) -> dic
             if wb is not None:
                 wb.log(logged, step=step)
     final = checkpoint(final=True)
-    summary = {"kind": d.kind, "steps": step, "train_minutes": round(elapsed / 60, 1), "sequences": len(train_set),
-               "tokens": sum(len(s["ids"]) for s in samples), **{k: round(v, 4) for k, v in final.items()}}
+    summary = {"kind": d.kind, "steps": prior_steps + step,
+               "train_minutes": round(prior.get("train_minutes", 0) + elapsed / 60, 1), "sequences": len(train_set),
+               "tokens": sum(len(s["ids"]) for s in samples),
+               **({"init_from": d.init_from, "init_steps": prior_steps, "leg_steps": step} if continued else {}),
+               **{k: round(v, 4) for k, v in final.items()}}
     return publish(summary, out_dir, wb)

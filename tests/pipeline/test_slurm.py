@@ -3,7 +3,6 @@ every job's results land, a failing or killed job is reported with its error whi
 finish, and a preempted / killed-and-requeued job resumes without losing a finished prompt."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path

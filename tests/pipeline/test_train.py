@@ -29,7 +29,7 @@ def tiny_overrides(model_dir, tmp_path, kind, steps):
             f"drafter.steps={steps}", "drafter.checkpoint_every=2", "drafter.val_sequences=2", "drafter.num_layers=1",
             "drafter.intermediate_size=32", "drafter.target_layer_ids=[0,2]", "drafter.mask_token_id=0",
             "drafter.seqs_per_step=2", "drafter.num_anchors=4", "drafter.block_size=4", "tracker.kind=none",
-            f"drafter.init_from={tmp_path / 'dflash'}"]
+            *([f"drafter.init_from={tmp_path / 'dflash'}"] if kind == "domino" else [])]
 
 
 def test_block_mask_sees_the_context_before_its_anchor_and_its_own_block():
@@ -71,6 +71,40 @@ def test_train_both_stages_export_and_resume(tiny_model_dirs, tmp_path):
     assert train(cfg, {}, show_progress=False)["steps"] == 4
     state = torch.load(tmp_path / "state" / "dflash" / "train_state.pt", weights_only=False)
     assert state["step"] == 4
+
+
+def test_dflash_init_from_continues_a_trained_checkpoint_as_a_new_leg(tiny_model_dirs, tmp_path):
+    """drafter=dflash drafter.init_from=<checkpoint>: the checkpoint's weights and architecture, a fresh optimizer
+    and schedule; training.json counts steps and minutes in total. Refused: a Domino checkpoint, exporting over
+    the checkpoint it continues, and resuming another run's state."""
+    from safetensors.torch import load_file
+
+    from decoding.drafting.dflash_drafter import load_drafter
+    from pipeline.train.trainer import train
+
+    path = tiny_model_dirs["llama"]
+    first = train(compose_train(tiny_overrides(path, tmp_path, "dflash", steps=2)), {}, show_progress=False)
+    leg = [o for o in tiny_overrides(path, tmp_path, "leg", steps=1)
+           if not o.startswith(("drafter=", "drafter.target_layer_ids"))]
+    # lr 0: the weights are kept bit for bit; the run's own taps differ from the checkpoint's, which win
+    leg += ["drafter=dflash", "drafter.lr=0", "drafter.target_layer_ids=[0,1]", f"drafter.init_from={tmp_path / 'dflash'}"]
+    continued = train(compose_train(leg), {}, show_progress=False)
+    assert (continued["steps"], continued["init_steps"], continued["leg_steps"]) == (3, 2, 1)
+    assert continued["train_minutes"] >= first["train_minutes"]
+    before, after = (load_file(str(tmp_path / d / "model.safetensors")) for d in ("dflash", "leg"))
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+    assert load_drafter(str(tmp_path / "leg")).spec.target_layer_ids == [0, 2]
+    with pytest.raises(ConfigError, match="export the new leg elsewhere"):
+        train(compose_train([o for o in leg if not o.startswith("drafter.out_dir")]
+                            + [f"drafter.out_dir={tmp_path / 'dflash'}"]), {}, show_progress=False)
+    with pytest.raises(ConfigError, match="holds the state of a run from scratch"):
+        train(compose_train([o for o in leg if not o.startswith("drafter.state_dir")]
+                            + [f"drafter.state_dir={tmp_path / 'state' / 'dflash'}"]), {}, show_progress=False)
+    train(compose_train(tiny_overrides(path, tmp_path, "domino", steps=1)), {}, show_progress=False)
+    with pytest.raises(ConfigError, match="is a Domino checkpoint"):
+        train(compose_train([o for o in leg if not o.startswith(("drafter.init_from", "drafter.state_dir"))]
+                            + [f"drafter.init_from={tmp_path / 'domino'}", f"drafter.state_dir={tmp_path / 's2'}"]),
+              {}, show_progress=False)
 
 
 def test_block_drafters_train_on_a_corpus_with_recomputed_taps(tiny_model_dirs, tmp_path):

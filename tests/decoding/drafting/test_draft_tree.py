@@ -2,7 +2,6 @@
 brute-force scoring of every path in a tiny vocabulary; the fast conditional scorer builds exactly
 the reference scorer's trees; CaDDTree's cost model and stopping rule."""
 
-import itertools
 import math
 
 import numpy as np

@@ -71,10 +71,8 @@ def test_destructive_calls_are_disabled():
 # ---------------------------------------------------------------- OS isolation (bubblewrap)
 # Escape probes as a hostile program would write them, through ctypes where a Python-level patch
 # could be bypassed. Each must fail inside the sandbox and leave no trace outside it.
-import ctypes.util  # noqa: E402
 import socket  # noqa: E402
 import subprocess  # noqa: E402
-import sys  # noqa: E402
 
 import pytest  # noqa: E402
 
