@@ -34,7 +34,9 @@ class DrafterTrainConfig:
     out_dir: str = "drafters/${model.name}/${.kind}"  # published-format safetensors + config.json
     state_dir: str = "outputs/drafter_train/${model.name}/${.kind}"  # resumable optimizer state
     # domino: the DFlash checkpoint to start from; dflash, eagle3: a trained checkpoint (ours or a published one,
-    # local folder or hub id) to continue as a new leg: its weights and architecture, a fresh optimizer and schedule
+    # local folder or hub id) to continue as a new leg: its weights, a fresh optimizer and schedule. dflash keeps
+    # its architecture (drafter.* values that differ are logged, unused); eagle3 keeps its draft vocabulary and
+    # refuses taps other than this run's eagle_layer_ids
     init_from: Optional[str] = None
     num_layers: int = 2  # published Qwen3-8B drafter: 5; small for a 2-core CPU
     intermediate_size: int = 1024

@@ -145,8 +145,9 @@ def check_leg(state_dir: Path, out_dir: Path, init_from: Optional[str], init_fol
         if theirs != leg:
             whose = (f"a leg continuing {theirs['init_from']} (at its step {theirs['init_steps']})"
                      if theirs["init_from"] else "a run from scratch")
-            raise ConfigError(f"drafter.state_dir={state_dir} holds the state of {whose}; give this run its own "
-                              "drafter.state_dir")
+            mine = f"continues {leg['init_from']} at its step {prior_steps}" if init_from else "starts from scratch"
+            raise ConfigError(f"drafter.state_dir={state_dir} holds the state of {whose}; this run {mine}: give it its "
+                              "own drafter.state_dir")
     marker.write_text(json.dumps(leg))
 
 
@@ -163,10 +164,10 @@ def lambda_base(step: int, cfg) -> float:
 
 
 def compute_loss(model, embed, lm_head, sample, blocks, cfg, step):
-    d = cfg.drafter
+    d, mask_token = cfg.drafter, model.spec.mask_token_id  # a checkpoint's own (a continued leg, Domino's backbone)
     if d.kind == "dflash":
-        return dflash_loss(model, embed, lm_head, sample, blocks, d.mask_token_id)
-    return domino_loss(model, embed, lm_head, sample, blocks, d.mask_token_id, lambda_base(step, d))
+        return dflash_loss(model, embed, lm_head, sample, blocks, mask_token)
+    return domino_loss(model, embed, lm_head, sample, blocks, mask_token, lambda_base(step, d))
 
 
 @torch.no_grad()

@@ -73,38 +73,62 @@ def test_train_both_stages_export_and_resume(tiny_model_dirs, tmp_path):
     assert state["step"] == 4
 
 
-def test_dflash_init_from_continues_a_trained_checkpoint_as_a_new_leg(tiny_model_dirs, tmp_path):
-    """drafter=dflash drafter.init_from=<checkpoint>: the checkpoint's weights and architecture, a fresh optimizer
-    and schedule; training.json counts steps and minutes in total. Refused: a Domino checkpoint, exporting over
-    the checkpoint it continues, and resuming another run's state."""
+def test_dflash_init_from_continues_a_trained_checkpoint_as_a_new_leg(tiny_model_dirs, tmp_path, monkeypatch, caplog):
+    """drafter=dflash drafter.init_from=<checkpoint>: the checkpoint's weights and architecture (its taps and
+    mask token, not the run's), a fresh optimizer and schedule; training.json counts steps and minutes in total; a
+    rerun of the leg resumes it. Refused: a Domino checkpoint, exporting over the checkpoint it continues, and
+    another run's state dir (either way)."""
+    import logging
+
     from safetensors.torch import load_file
 
     from decoding.drafting.dflash_drafter import load_drafter
-    from pipeline.train.trainer import train
+    from pipeline.train import trainer
 
     path = tiny_model_dirs["llama"]
-    first = train(compose_train(tiny_overrides(path, tmp_path, "dflash", steps=2)), {}, show_progress=False)
+    scratch = tiny_overrides(path, tmp_path, "dflash", steps=2)
+    trainer.train(compose_train(scratch), {}, show_progress=False)
+    record = tmp_path / "dflash" / "training.json"
+    record.write_text(json.dumps({**json.loads(record.read_text()), "train_minutes": 7.0}))
     leg = [o for o in tiny_overrides(path, tmp_path, "leg", steps=1)
-           if not o.startswith(("drafter=", "drafter.target_layer_ids"))]
-    # lr 0: the weights are kept bit for bit; the run's own taps differ from the checkpoint's, which win
-    leg += ["drafter=dflash", "drafter.lr=0", "drafter.target_layer_ids=[0,1]", f"drafter.init_from={tmp_path / 'dflash'}"]
-    continued = train(compose_train(leg), {}, show_progress=False)
-    assert (continued["steps"], continued["init_steps"], continued["leg_steps"]) == (3, 2, 1)
-    assert continued["train_minutes"] >= first["train_minutes"]
+           if not o.startswith(("drafter=", "drafter.target_layer_ids", "drafter.mask_token_id"))]
+    # lr 0: the weights are kept bit for bit; the run's own taps and mask token differ from the checkpoint's
+    leg += ["drafter=dflash", "drafter.lr=0", "drafter.target_layer_ids=[0,1]", "drafter.mask_token_id=5",
+            f"drafter.init_from={tmp_path / 'dflash'}"]
+    masks = []
+    real_loss = trainer.dflash_loss
+    monkeypatch.setattr(trainer, "dflash_loss", lambda *a: masks.append(a[-1]) or real_loss(*a))
+    continued = trainer.train(compose_train(leg), {}, show_progress=False)
+    assert masks and set(masks) == {0}  # the checkpoint's mask token (tiny_overrides: 0) in every loss
+    saved = json.loads((tmp_path / "leg" / "training.json").read_text())
+    for summary in (continued, saved):
+        assert (summary["steps"], summary["init_steps"], summary["leg_steps"]) == (3, 2, 1)
+        assert summary["train_minutes"] >= 7.0
+    state = torch.load(tmp_path / "state" / "leg" / "train_state.pt", weights_only=False)
+    assert state["step"] == 1 and {int(s["step"]) for s in state["optimizer"]["state"].values()} == {1}  # fresh AdamW
     before, after = (load_file(str(tmp_path / d / "model.safetensors")) for d in ("dflash", "leg"))
     assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
-    assert load_drafter(str(tmp_path / "leg")).spec.target_layer_ids == [0, 2]
+    exported = load_drafter(str(tmp_path / "leg")).spec
+    assert (exported.target_layer_ids, exported.mask_token_id) == ([0, 2], 0)
+    # a rerun with more steps resumes the leg, not the checkpoint
+    with caplog.at_level(logging.INFO, logger="pipeline.train.trainer"):
+        more = trainer.train(compose_train([o for o in leg if o != "drafter.steps=1"] + ["drafter.steps=2"]), {},
+                             show_progress=False)
+    assert "resumed at step 1" in caplog.text and (more["steps"], more["leg_steps"]) == (4, 2)
     with pytest.raises(ConfigError, match="export the new leg elsewhere"):
-        train(compose_train([o for o in leg if not o.startswith("drafter.out_dir")]
-                            + [f"drafter.out_dir={tmp_path / 'dflash'}"]), {}, show_progress=False)
-    with pytest.raises(ConfigError, match="holds the state of a run from scratch"):
-        train(compose_train([o for o in leg if not o.startswith("drafter.state_dir")]
-                            + [f"drafter.state_dir={tmp_path / 'state' / 'dflash'}"]), {}, show_progress=False)
-    train(compose_train(tiny_overrides(path, tmp_path, "domino", steps=1)), {}, show_progress=False)
+        trainer.train(compose_train([o for o in leg if not o.startswith("drafter.out_dir")]
+                                    + [f"drafter.out_dir={tmp_path / 'dflash'}"]), {}, show_progress=False)
+    with pytest.raises(ConfigError, match="holds the state of a run from scratch; this run continues"):
+        trainer.train(compose_train([o for o in leg if not o.startswith("drafter.state_dir")]
+                                    + [f"drafter.state_dir={tmp_path / 'state' / 'dflash'}"]), {}, show_progress=False)
+    with pytest.raises(ConfigError, match="holds the state of a leg continuing .*this run starts from scratch"):
+        trainer.train(compose_train([o for o in scratch if not o.startswith("drafter.state_dir")]
+                                    + [f"drafter.state_dir={tmp_path / 'state' / 'leg'}"]), {}, show_progress=False)
+    trainer.train(compose_train(tiny_overrides(path, tmp_path, "domino", steps=1)), {}, show_progress=False)
     with pytest.raises(ConfigError, match="is a Domino checkpoint"):
-        train(compose_train([o for o in leg if not o.startswith(("drafter.init_from", "drafter.state_dir"))]
-                            + [f"drafter.init_from={tmp_path / 'domino'}", f"drafter.state_dir={tmp_path / 's2'}"]),
-              {}, show_progress=False)
+        trainer.train(compose_train([o for o in leg if not o.startswith(("drafter.init_from", "drafter.state_dir"))]
+                                    + [f"drafter.init_from={tmp_path / 'domino'}", f"drafter.state_dir={tmp_path / 's2'}"]),
+                      {}, show_progress=False)
 
 
 def test_block_drafters_train_on_a_corpus_with_recomputed_taps(tiny_model_dirs, tmp_path):
