@@ -1,6 +1,6 @@
 """Where a DFlash training step's time goes, per training answer: the target's teacher-forced forward that
 recomputes the tapped features (`with_taps`: a corpus stores token ids only) against the drafter's loss and
-backward over `--anchors` blocks (`dflash_loss`: its cost is mostly the target's lm_head over the labelled rows).
+backward over `--anchors` blocks (`dflash_loss`, whose cost grows with the labelled rows).
 It shows what more anchors per answer cost next to what the features of that answer already cost.
 
 Corpus answers in a seeded shuffle (seed 0), the shipped SmolLM2 DFlash drafter in
