@@ -22,7 +22,6 @@ like the others (the reference leaves it unshifted).
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import time
@@ -37,7 +36,7 @@ from pipeline.errors import ConfigError
 from pipeline.train.config import TrainConfig
 from pipeline.train.trainer import (autocast, check_leg, learning_rate, make_wandb, progress_bar, publish,
                                     resume_state, _rope_theta, save_state, start_run, target_final_norm_gain,
-                                    training_samples)
+                                    training_record, training_samples)
 
 log = logging.getLogger(__name__)
 
@@ -158,8 +157,7 @@ def continued_eagle3(location: str, folder: Path, target_config, layer_ids: list
         raise ConfigError(f"drafter.init_from={location}: taps layers {list(spec.aux_layer_ids)} of a "
                           f"{spec.hidden_size}-wide, {spec.vocab_size}-token target; this run taps {layer_ids} of "
                           f"a {c.hidden_size}-wide, {c.vocab_size}-token one")
-    record = folder / "training.json"
-    return model, json.loads(record.read_text()) if record.is_file() else {}
+    return model, training_record(folder)
 
 
 @torch.no_grad()

@@ -104,8 +104,13 @@ def continued_dflash(location: str, folder: Path, cfg: TrainConfig, target_confi
     if mine != (d.num_layers, list(d.target_layer_ids), d.block_size, d.mask_token_id):
         log.info("drafter.init_from keeps its architecture: %d layers, taps %s, block %d, mask token %d "
                  "(the drafter.* values of this run are not used)", *mine)
+    return model, training_record(folder)
+
+
+def training_record(folder: Path) -> dict:
+    """A checkpoint's training.json ({} if it has none, e.g. a published one): a continued leg's totals start there."""
     record = folder / "training.json"
-    return model, json.loads(record.read_text()) if record.is_file() else {}
+    return json.loads(record.read_text()) if record.is_file() else {}
 
 
 def domino_from_dflash(cfg: TrainConfig) -> DFlashDrafter:
@@ -308,24 +313,24 @@ def train(cfg: TrainConfig, run_config: dict, show_progress: bool = True) -> dic
     state_dir, out_dir, target, tokenizer = start_run(cfg)
     embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
 
-    prior: dict = {}  # a continued DFlash leg: the checkpoint's own training.json
+    prior, init_folder = {}, None  # a continued DFlash leg: the checkpoint's own training.json and folder
     continued = d.kind == "dflash" and bool(d.init_from)
     if d.kind == "domino":
         model = domino_from_dflash(cfg)
     elif continued:
         init_folder = resolve_location(d.init_from)  # once: a hub id is one download
         model, prior = continued_dflash(d.init_from, init_folder, cfg, target.config)
-        check_leg(state_dir, out_dir, d.init_from, init_folder, int(prior.get("steps", 0)))
     else:
         model = new_drafter(cfg, target.config)
-        check_leg(state_dir, out_dir, None, None, 0)
+    prior_steps = int(prior.get("steps", 0))
+    if d.kind == "dflash":  # Domino's init_from is its backbone, not a leg to continue
+        check_leg(state_dir, out_dir, d.init_from, init_folder, prior_steps)
     layers = list(model.spec.target_layer_ids)  # a checkpoint's own taps (Domino's backbone, a continued leg)
     samples = training_samples(cfg, target, tokenizer, layers)
     taps = lambda sample: with_taps(sample, target, layers, d.max_train_len)  # noqa: E731 - the corpus: recomputed
     val, train_set = [taps(s) for s in samples[:d.val_sequences]], samples[d.val_sequences:]
     if d.kind == "dflash" and not continued:
         init_from_data(model, [taps(s) for s in train_set[:64]], target)
-    prior_steps = int(prior.get("steps", 0))
     model.train()
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=d.lr, weight_decay=0.01)
     resume_path = state_dir / "train_state.pt"
