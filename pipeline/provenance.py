@@ -1,6 +1,7 @@
 """What a result was produced with, recorded in every summary.json and W&B config (as
 lm-evaluation-harness does): the code's git commit and dirty flag, package versions, the model and
-dataset with their revisions, dtype, device and threads."""
+dataset with their revisions, the drafter checkpoints the job's methods loaded (the folder each location
+resolved to and a digest of its weights), dtype, device and threads."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from importlib import metadata
 from pathlib import Path
 
 import torch
+
+from decoding.drafting.dflash_drafter import RESOLVED
 
 PACKAGES = ("torch", "transformers", "specdec-pipeline", "hydra-core", "optuna")
 
@@ -57,6 +60,7 @@ def record(model_cfg, model, dataset: dict, target) -> dict:
     device = target.device
     return {
         "git": git_state(), "versions": versions(), "model": model_record(model_cfg, model), "dataset": dataset,
+        "checkpoints": dict(RESOLVED),  # filled while the job's methods were built (runner.run empties it first)
         "dtype": str(target.dtype).removeprefix("torch."), "device": str(device),
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor()
         or platform.machine(), "threads": torch.get_num_threads(),

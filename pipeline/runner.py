@@ -17,6 +17,7 @@ import torch
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from decoding.drafting.dflash_drafter import forget_resolved
 from decoding.engine.loop import Method
 from decoding.engine.target import TargetModel
 from pipeline import provenance, table
@@ -106,6 +107,7 @@ def run(cfg: DictConfig, run_dir: Path, show_progress: bool = True) -> dict:
     run_dir.mkdir(parents=True, exist_ok=True)
     _check_resume(cfg, run_dir)
     comparing = rc.method is None
+    forget_resolved()  # this job's checkpoints only, in provenance (several jobs may share a process)
     method_cfgs, labels, drafter_cfgs = compose_methods(rc.methods, cfg) if comparing else ([rc.method], [], [None])
 
     sandbox = None

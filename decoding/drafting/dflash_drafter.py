@@ -21,7 +21,9 @@ backbone plus `prefix_gru.*` and `embed_proj.{0,2}.weight` (see `decoding/drafti
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +34,8 @@ from torch import nn
 from decoding.drafting.domino_head import build_domino_modules, is_domino_projector
 from pipeline.errors import ConfigError
 from pipeline.resources import SHIPPED_DRAFTERS
+
+log = logging.getLogger(__name__)
 
 
 def default_target_layer_ids(num_target_layers: int, num_taps: int) -> list[int]:
@@ -263,9 +267,45 @@ class DFlashDrafter(nn.Module):
 
 
 # ----------------------------------------------------------------------------------- checkpoints
+# location -> {"folder", "sha256"} of every checkpoint resolved since `forget_resolved()` (the run
+# summary's provenance: a path as written does not say which folder, or which weights, it found)
+RESOLVED: dict[str, dict] = {}
+
+
+def forget_resolved() -> None:
+    RESOLVED.clear()
+
+
+def weights_digest(folder: Path) -> str | None:
+    """sha256 (16 hex) of a checkpoint's weight files, in name order; None if it has none."""
+    files = sorted([*folder.glob("*.safetensors"), *folder.glob("pytorch_model.bin")])
+    if not files:
+        return None
+    digest = hashlib.sha256()
+    for path in files:
+        with path.open("rb") as f:
+            for chunk in iter(lambda: f.read(1 << 22), b""):
+                digest.update(chunk)
+    return digest.hexdigest()[:16]
+
+
+def note_resolved(location: str, folder: Path) -> Path:
+    if location not in RESOLVED:
+        RESOLVED[location] = {"folder": str(folder.resolve()), "sha256": weights_digest(folder)}
+    return folder
+
+
 def local_folder(location: str) -> Path | None:
-    """The folder `location` names, absolute or relative to the cwd, else among the shipped drafters."""
-    return next((c for c in (Path(location).expanduser(), SHIPPED_DRAFTERS / location) if c.is_dir()), None)
+    """The folder `location` names, absolute or relative to the cwd, else among the shipped drafters.
+    Where both exist and differ (a trainer's export in this checkout named like a shipped drafter), the
+    cwd one is used, with a warning naming both."""
+    found = [c for c in (Path(location).expanduser(), SHIPPED_DRAFTERS / location) if c.is_dir()]
+    if not found:
+        return None
+    if len(found) == 2 and found[0].resolve() != found[1].resolve() and location not in RESOLVED:
+        log.warning("drafter %s: using %s (relative to the working directory), not the shipped %s",
+                    location, found[0].resolve(), found[1])
+    return note_resolved(location, found[0])
 
 
 def resolve_location(location: str) -> Path:
@@ -278,10 +318,11 @@ def resolve_location(location: str) -> Path:
     try:
         from huggingface_hub import snapshot_download
 
-        return Path(snapshot_download(location, allow_patterns=["*.json", "*.safetensors", "pytorch_model.bin"]))
+        folder = Path(snapshot_download(location, allow_patterns=["*.json", "*.safetensors", "pytorch_model.bin"]))
     except Exception as err:  # offline, unknown repo, gated...
         raise ConfigError(f"drafter checkpoint {location!r}: not a local folder and not downloadable "
                           f"from the HF hub ({type(err).__name__})") from None
+    return note_resolved(location, folder)
 
 
 def load_drafter(location: str, device=None, dtype=None) -> DFlashDrafter:

@@ -435,3 +435,21 @@ def test_a_comparison_run_dir_refuses_a_different_config(tiny_model_dirs, tmp_pa
     with pytest.raises(ConfigError, match="holds results of a different config"):
         run(job_config(tiny_model_dirs["llama"], tmp_path, "task.limit=2", "methods=[pld]"), tmp_path / "run",
             show_progress=False)
+
+
+def test_the_provenance_names_the_drafter_folder_and_weights_a_job_loaded(tiny_model_dirs, tmp_path):
+    from decoding.drafting.dflash_drafter import weights_digest
+    from pipeline.zoo import save_random_drafters
+
+    from transformers import AutoModelForCausalLM
+
+    from decoding.engine.target import TargetModel
+
+    target = TargetModel(AutoModelForCausalLM.from_pretrained(tiny_model_dirs["llama"]))
+    folder = Path(save_random_drafters(target, tmp_path / "drafters")["dflash"])
+    cfg = job_config(tiny_model_dirs["llama"], tmp_path, "method=dflash", f"method.drafter={folder}", "task.limit=1")
+    origin = run(cfg, tmp_path / "run", show_progress=False)["provenance"]
+    assert origin["checkpoints"] == {str(folder): {"folder": str(folder.resolve()), "sha256": weights_digest(folder)}}
+    assert len(origin["checkpoints"][str(folder)]["sha256"]) == 16
+    ar_only = run(job_config(tiny_model_dirs["llama"], tmp_path, "task.limit=1"), tmp_path / "ar", show_progress=False)
+    assert ar_only["provenance"]["checkpoints"] == {}  # the earlier job's drafter is not this job's

@@ -1,6 +1,7 @@
 """The native DFlash/Domino drafter: published checkpoint layout, drafts equal to a from-scratch
 reference computation of the paper's attention, loud failures on wrong checkpoints."""
 
+import hashlib
 import json
 
 import pytest
@@ -122,3 +123,31 @@ def test_bad_checkpoints_fail_with_one_line(tmp_path, tiny_drafter):
     (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 32}))
     with pytest.raises(ConfigError, match="not a DFlash drafter config"):
         load_drafter(str(tmp_path))
+
+
+def test_a_drafter_path_says_which_folder_and_weights_it_resolved_to(tmp_path, monkeypatch, caplog):
+    """`drafters/<model>/<kind>` resolves relative to the cwd first, then among the shipped drafters. A trainer's
+    export in the cwd named like a shipped drafter is used with a warning naming both, and the record (the run
+    summary's provenance) holds the folder and weights digest actually loaded."""
+    from decoding.drafting import dflash_drafter as dd
+
+    shipped, work = tmp_path / "assets", tmp_path / "work"
+    location = "drafters/tiny/dflash"
+    for root, payload in ((shipped, b"shipped weights"), (work, b"trained here")):
+        (root / location).mkdir(parents=True)
+        (root / location / "model.safetensors").write_bytes(payload)
+    monkeypatch.setattr(dd, "SHIPPED_DRAFTERS", shipped)
+    monkeypatch.setattr(dd, "RESOLVED", {})
+    monkeypatch.chdir(tmp_path)  # only the shipped one is visible from here
+    with caplog.at_level("WARNING"):
+        assert dd.local_folder(location) == shipped / location
+    assert not caplog.records
+    assert dd.RESOLVED[location] == {"folder": str((shipped / location).resolve()),
+                                     "sha256": hashlib.sha256(b"shipped weights").hexdigest()[:16]}
+    dd.forget_resolved()
+    monkeypatch.chdir(work)  # the export shadows the shipped drafter
+    with caplog.at_level("WARNING"):
+        assert dd.local_folder(location).resolve() == (work / location).resolve()
+    assert "not the shipped" in caplog.text and str(shipped / location) in caplog.text
+    assert dd.RESOLVED[location]["sha256"] == hashlib.sha256(b"trained here").hexdigest()[:16]
+    assert dd.RESOLVED[location]["folder"] == str((work / location).resolve())
