@@ -5,7 +5,6 @@ resolved to and a digest of its weights), dtype, device and threads."""
 
 from __future__ import annotations
 
-import hashlib
 import platform
 import subprocess
 from importlib import metadata
@@ -44,10 +43,6 @@ def versions() -> dict:
         except metadata.PackageNotFoundError:
             out[name] = None
     return out
-
-
-def file_digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
 
 
 def model_record(model_cfg, model) -> dict:
