@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from decoding.drafting.dflash_drafter import MLP, RMSNorm, resolve_location, rotate  # the same SwiGLU and norms
+from decoding.drafting.dflash_drafter import MLP, RMSNorm, cast_weights, resolve_location, rotate  # the same SwiGLU and norms
 from pipeline.errors import ConfigError
 
 
@@ -275,12 +275,7 @@ def load_eagle3(location: str, device=None, dtype=None) -> Eagle3Drafter:
                               f"config.json implies {tuple(tensor.shape)}")
     model.load_state_dict({k: v.to(torch.long) if k == "d2t" else v.to(torch.bool) if k == "t2d" else v
                            for k, v in state.items()})
-    model = model.to(device=device).eval()
-    if dtype is not None:  # the float weights only: d2t / t2d keep their integer and bool types
-        for module in model.modules():
-            for name, param in module.named_parameters(recurse=False):
-                param.data = param.data.to(dtype)
-    return model
+    return cast_weights(model.to(device=device).eval(), dtype)  # d2t / t2d and inv_freq keep their types
 
 
 def save_eagle3(model: Eagle3Drafter, folder: Path, dtype=torch.bfloat16) -> None:

@@ -151,3 +151,18 @@ def test_a_drafter_path_says_which_folder_and_weights_it_resolved_to(tmp_path, m
     assert "not the shipped" in caplog.text and str(shipped / location) in caplog.text
     assert dd.RESOLVED[location]["sha256"] == hashlib.sha256(b"trained here").hexdigest()[:16]
     assert dd.RESOLVED[location]["folder"] == str((work / location).resolve())
+
+
+@pytest.mark.parametrize("domino", [False, True])
+def test_a_bf16_drafter_keeps_its_rope_frequencies_in_fp32(tmp_path, domino, tiny_drafter):
+    """Loaded in bf16, the weights are bf16 but RoPE's inv_freq stays fp32 (as HF keeps the target's):
+    a bf16 inv_freq would rotate far-apart positions by visibly wrong angles."""
+    model = tiny_drafter(domino=domino)
+    save_drafter(model, tmp_path, dtype=torch.float32)
+    loaded = load_drafter(str(tmp_path), dtype=torch.bfloat16)
+    assert all(p.dtype == torch.bfloat16 for p in loaded.parameters())
+    assert loaded.inv_freq.dtype == torch.float32
+    positions = torch.tensor([0, 700])
+    cos, sin = loaded.rope(positions, torch.float32)
+    ref_cos, ref_sin = model.rope(positions, torch.float32)
+    assert torch.allclose(cos, ref_cos, atol=1e-5) and torch.allclose(sin, ref_sin, atol=1e-5)

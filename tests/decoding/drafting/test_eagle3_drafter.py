@@ -109,6 +109,13 @@ def test_save_and_load_round_trip_keeps_the_mapping(tmp_path):
         assert torch.equal(a, b), name
 
 
+def test_a_bf16_load_casts_the_weights_only(tmp_path):
+    """bf16 weights; the vocab mapping keeps its integer/bool types and RoPE's inv_freq stays fp32."""
+    model = load_eagle3(str(write_checkpoint(tmp_path / "a", published_config(), published_tensors())), dtype=torch.bfloat16)
+    assert all(p.dtype == torch.bfloat16 for p in model.parameters())
+    assert model.d2t.dtype == torch.long and model.t2d.dtype == torch.bool and model.inv_freq.dtype == torch.float32
+
+
 def test_vocab_mapping_keeps_the_most_frequent_ids_in_order():
     counts = torch.tensor([5, 0, 9, 1, 7, 0, 3])
     d2t, t2d = vocab_mapping(counts, 3)
