@@ -68,6 +68,11 @@ class TargetModel:
         # transformers >= 5.2x renamed past_key_values -> cache and dropped cache_position.
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._pass_cache_position = "cache_position" in params
+        # the same rename in the decoder layers, which the layer-subset path calls directly (their **kwargs
+        # would swallow a wrongly named cache: no KV written, no error)
+        decoder = getattr(getattr(model, "model", None), "layers", None)
+        layer_params = inspect.signature(decoder[0].forward).parameters if decoder else {}
+        self._layer_cache_kw = "past_key_values" if "past_key_values" in layer_params else "cache"
         self.layout = AttentionLayout.of(self.config)  # the decoder layers' attention types and windows
         rotary = getattr(getattr(model, "model", None), "rotary_emb", None)  # the layer-subset path's RoPE
         self._rotary_per_type = rotary is not None and "layer_type" in inspect.signature(rotary.forward).parameters
@@ -236,8 +241,8 @@ class TargetModel:
         hidden = {}
         for i in layers:
             layer_mask = None if mask is None else AttentionLayout.mask_for(mask, types[i])
-            h = stack.layers[i](h, attention_mask=layer_mask, position_ids=pos, cache=self.cache, use_cache=True,
-                                position_embeddings=rope[types[i]])
+            h = stack.layers[i](h, attention_mask=layer_mask, position_ids=pos, use_cache=True,
+                                position_embeddings=rope[types[i]], **{self._layer_cache_kw: self.cache})
             if i in hidden_layers:
                 hidden[i] = h[0]
         if last_only:

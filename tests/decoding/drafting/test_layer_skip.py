@@ -69,3 +69,31 @@ def test_invalid_layer_sets_are_refused(tiny_target):
     sub.prefill([10, 11])
     with pytest.raises(ValueError):
         sub.forward(torch.tensor([12]), torch.arange(1), None, active_layers=[2])
+
+
+def name_the_layer_cache_past_key_values(model) -> None:
+    """Decoder layers as transformers before 5.2x has them: the cache argument is `past_key_values`
+    (their **kwargs would swallow a `cache=` silently)."""
+    for layer in model.model.layers:
+        class Renamed(type(layer)):
+            def forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None,
+                        use_cache=False, position_embeddings=None, **kwargs):
+                assert "cache" not in kwargs, "the cache went in under the wrong name"
+                return super().forward(hidden_states, attention_mask=attention_mask, position_ids=position_ids,
+                                       cache=past_key_values, use_cache=use_cache,
+                                       position_embeddings=position_embeddings, **kwargs)
+
+        layer.__class__ = Renamed
+
+
+def test_the_layer_loop_passes_the_cache_under_the_name_the_decoder_layers_take(tiny_target):
+    ids = [10, 11, 12, 13, 14, 15, 16]
+    ref = TargetModel(tiny_target.model, tiny_target.tokenizer, layers=(0, 1))
+    ref.prefill(ids[:4])
+    expected = ref.forward(torch.tensor(ids[4:]), torch.arange(3), None).logits
+    name_the_layer_cache_past_key_values(tiny_target.model)
+    sub = TargetModel(tiny_target.model, tiny_target.tokenizer, layers=(0, 1))
+    sub.prefill(ids[:4])
+    assert sub.cache_len == 4
+    torch.testing.assert_close(sub.forward(torch.tensor(ids[4:]), torch.arange(3), None).logits, expected)
+    assert sub.cache_len == len(ids)
