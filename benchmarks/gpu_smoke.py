@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 import torch
+import transformers
 
 from decoding.drafting.domino_scorer import LevelBuilder, ReferenceScorer
 from decoding.drafting.draft_tree import build_best_first
@@ -41,18 +42,21 @@ from pipeline.zoo import METHODS, build_method, host_overhead, mixed_prompts, ra
 
 def sync(device) -> None:
     if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
+        torch.cuda.synchronize(device)
 
 
-def run_methods(target, folder, shape, names, prompt_ids, max_new_tokens, compiled=()) -> list[dict]:
-    """Every method of `names` at its defaults, then those of `compiled` with method.compile=true."""
+def run_methods(target, folder, shape, names, prompt_ids, max_new_tokens, compiled=(), on_row=None) -> list[dict]:
+    """Every method of `names` at its defaults, then those of `compiled` with method.compile=true; each
+    row goes to `on_row` as soon as it is measured (a run cut short keeps what it printed)."""
     rows, ar_outputs = [], None
+    on_row = on_row or print_row
     for name, overrides in [(n, {}) for n in names] + [(n, {"compile": True}) for n in compiled]:
         label = name + (" compiled" if overrides else "")
         try:
             method = build_method(name, target, folder, shape, **overrides)
         except Exception as err:  # a crash is a result here: report it and go on
             rows.append({"method": label, "T": None, "error": f"{type(err).__name__}: {one_line(err)}"})
+            on_row(rows[-1])
             continue
         for temperature in (0.0, 1.0):
             row = {"method": label, "T": temperature}
@@ -60,6 +64,7 @@ def run_methods(target, folder, shape, names, prompt_ids, max_new_tokens, compil
                 r = host_overhead(method, target, prompt_ids, max_new_tokens, temperature)
             except Exception as err:
                 rows.append({**row, "error": f"{type(err).__name__}: {one_line(err)}"})
+                on_row(rows[-1])
                 continue
             outputs = r.pop("outputs")
             row.update({k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()})
@@ -73,6 +78,7 @@ def run_methods(target, folder, shape, names, prompt_ids, max_new_tokens, compil
                 row.update(match=sum(a == o for a, o in zip(ar_outputs, outputs)), ties=counts["match_ties"],
                            diverged=counts["match_divergences"])
             rows.append(row)
+            on_row(row)
     return rows
 
 
@@ -142,25 +148,47 @@ def cost_curve(target, context: int, sizes: list[int], repeats: int = 3) -> list
     return rows
 
 
-def print_report(report: dict) -> None:
-    print(f"device {report['device']}  shape {report['shape']}  dtype {report['dtype']}  torch {report['torch']}")
+def print_header(report: dict) -> None:
+    print(f"device {report['device']}  shape {report['shape']}  dtype {report['dtype']}  torch {report['torch']}  "
+          f"transformers {report['transformers']}", flush=True)
     print("| method | T | tok/s | τ | host ms/step | fwd ms/step | match | ties | diverged |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for r in report["methods"]:
-        if "error" in r:
-            print(f"| {r['method']} | {r['T']} | FAILED: {r['error']} |")
-            continue
-        print(f"| {r['method']} | {r['T']:g} | {r['tokens_per_s']:.1f} | {r['tau']:.2f} | {r['host_ms']:.3f} | "
-              f"{r['forward_ms']:.3f} | {r.get('match', '–')} | {r.get('ties', '–')} | {r.get('diverged', '–')} |")
-    b = report["builders"]
+    print("|---|---|---|---|---|---|---|---|---|", flush=True)
+
+
+def print_row(r: dict) -> None:
+    if "error" in r:
+        print(f"| {r['method']} | {r['T']} | FAILED: {r['error']} |", flush=True)
+        return
+    print(f"| {r['method']} | {r['T']:g} | {r['tokens_per_s']:.1f} | {r['tau']:.2f} | {r['host_ms']:.3f} | "
+          f"{r['forward_ms']:.3f} | {r.get('match', '–')} | {r.get('ties', '–')} | {r.get('diverged', '–')} |", flush=True)
+
+
+def print_builders(b: dict) -> None:
+    if "error" in b:
+        print(f"DominoTree builders: FAILED: {b['error']}", flush=True)
+        return
     print(f"DominoTree builders: {b['rounds']} rounds, equal trees: {b['equal_trees']}, CUDA graph: {b['cuda_graph']}, "
-          f"fast {b['fast_ms_per_tree']} ms/tree, reference {b['reference_ms_per_tree']} ms/tree")
-    print("forward cost: " + ", ".join(f"n={r['rows']}: {r['ms']} ms ({r['x_one_row']}x)" for r in report["cost_curve"]))
+          f"fast {b['fast_ms_per_tree']} ms/tree, reference {b['reference_ms_per_tree']} ms/tree", flush=True)
+
+
+def print_curve(curve) -> None:
+    if isinstance(curve, dict):
+        print(f"forward cost: FAILED: {curve['error']}", flush=True)
+        return
+    print("forward cost: " + ", ".join(f"n={r['rows']}: {r['ms']} ms ({r['x_one_row']}x)" for r in curve), flush=True)
+
+
+def section(fn, *args) -> dict | list:
+    """A section's result, or {"error": ...}: one failing section does not lose the others."""
+    try:
+        return fn(*args)
+    except Exception as err:
+        return {"error": f"{type(err).__name__}: {one_line(err)}"}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--device", default=None, help="default cuda (cpu needs --tiny: the full shape on a CPU takes hours)")
     ap.add_argument("--tiny", action="store_true", help="the tiny shape (CI, CPU) instead of Qwen3-1.7B's")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--methods", default=",".join(METHODS))
@@ -169,36 +197,58 @@ def main() -> int:
     ap.add_argument("--compiled", default=None,
                     help="methods also run with method.compile=true (default domino; tiny: none, it compiles for ~1 min)")
     ap.add_argument("--max-rows", type=int, default=1024, help="largest row count of the cost curve")
-    ap.add_argument("--out", default=None, help="write the report as JSON")
+    ap.add_argument("--out", default=None, help="write the report as JSON (rewritten after every section)")
     args = ap.parse_args()
+    device = args.device or ("cuda" if torch.cuda.is_available() or not args.tiny else "cpu")
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        print("gpu smoke: FAILED: no CUDA device is visible (on a CPU: --device cpu --tiny)", flush=True)
+        return 1
     shape = "tiny" if args.tiny else "qwen3-1.7b"
     n_prompts = args.prompts or (2 if args.tiny else 4)
     max_new = args.max_new_tokens or (16 if args.tiny else 48)
     folder = Path(tempfile.mkdtemp(prefix="gpu_smoke_"))
     os.environ.setdefault("SPECDEC_CACHE", str(folder / "cache"))  # the CaDDTree cost profile of this random model
     t0 = time.perf_counter()
-    target = random_target(shape, dtype=getattr(torch, args.dtype), device=args.device)
+    report = {"device": torch.cuda.get_device_name(torch.device(device)) if torch.device(device).type == "cuda" else "cpu",
+              "shape": shape, "dtype": args.dtype, "torch": torch.__version__, "transformers": transformers.__version__,
+              "methods": []}
+
+    def save() -> None:
+        report["seconds"] = round(time.perf_counter() - t0, 1)
+        if args.out:
+            Path(args.out).write_text(json.dumps(report, indent=2))
+
+    print_header(report)
+    target = random_target(shape, dtype=getattr(torch, args.dtype), device=device)
     prompt_ids = mixed_prompts(n_prompts, target.config.vocab_size - 1)
     names = [m for m in args.methods.split(",") if m]
     compiled = [m for m in (args.compiled if args.compiled is not None else "" if args.tiny else "domino").split(",") if m]
     if names[0] != "ar":
         names.insert(0, "ar")  # the reference of the tie diagnosis
-    report = {"device": torch.cuda.get_device_name(0) if torch.device(args.device).type == "cuda" else "cpu",
-              "shape": shape, "dtype": args.dtype, "torch": torch.__version__,
-              "methods": run_methods(target, folder, shape, names, prompt_ids, max_new, compiled),
-              "builders": compare_builders(target, folder, shape, prompt_ids[:2], max_new),
-              "cost_curve": cost_curve(target, 512, [n for n in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
-                                                     if n <= args.max_rows])}
-    report["seconds"] = round(time.perf_counter() - t0, 1)
-    print_report(report)
-    if args.out:
-        Path(args.out).write_text(json.dumps(report, indent=2))
+
+    def on_row(row: dict) -> None:
+        report["methods"].append(row)
+        print_row(row)
+        save()
+
+    run_methods(target, folder, shape, names, prompt_ids, max_new, compiled, on_row=on_row)
+    report["builders"] = section(compare_builders, target, folder, shape, prompt_ids[:2], max_new)
+    print_builders(report["builders"])
+    save()
+    report["cost_curve"] = section(cost_curve, target, 512, [n for n in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+                                                            if n <= args.max_rows])
+    print_curve(report["cost_curve"])
+    save()
     problems = [f"{r['method']} crashed ({r['error']})" for r in report["methods"] if "error" in r]
     problems += [f"{r['method']} diverged from AR on {r['diverged']} prompt(s)" for r in report["methods"]
                  if r.get("diverged")]
-    if not report["builders"]["equal_trees"]:
+    if "error" in report["builders"]:
+        problems.append(f"the DominoTree builders' comparison crashed ({report['builders']['error']})")
+    elif not report["builders"]["equal_trees"]:
         problems.append("the fast and reference DominoTree builders built different trees")
-    print(f"gpu smoke: {'FAILED: ' + '; '.join(problems) if problems else 'ok'} ({report['seconds']} s)")
+    if isinstance(report["cost_curve"], dict):
+        problems.append(f"the forward-cost curve crashed ({report['cost_curve']['error']})")
+    print(f"gpu smoke: {'FAILED: ' + '; '.join(problems) if problems else 'ok'} ({report['seconds']} s)", flush=True)
     return 1 if problems else 0
 
 

@@ -150,7 +150,7 @@ def save_random_eagle3(target: TargetModel, path: Path, seed: int = 0) -> str:
 
 def build_method(name: str, target: TargetModel, folder: Path, shape: str = "tiny", **overrides):
     """`name` (one of METHODS) at its defaults on `target`; drafters and a mask go to `folder`."""
-    from hydra.utils import get_class
+    import importlib
 
     from decoding import method_configs
     from decoding.drafting.drafter import DrafterConfig
@@ -169,11 +169,11 @@ def build_method(name: str, target: TargetModel, folder: Path, shape: str = "tin
             "via_sd_eagle3": "via_sd"}.get(name, name)
     fields = dict(overrides)
     if name == "ptd_forest":  # the ablation's option, as conf/method/ptd_forest.yaml has it
-        from omegaconf import OmegaConf
+        import yaml  # not OmegaConf: this module runs where only torch and transformers are (the GPU image)
 
         import conf
 
-        option = OmegaConf.to_container(OmegaConf.load(Path(conf.__file__).parent / "method" / "ptd_forest.yaml"))
+        option = yaml.safe_load((Path(conf.__file__).parent / "method" / "ptd_forest.yaml").read_text())
         fields.update({k: v for k, v in option.items() if k != "defaults"})
     if name == "dominotree_reference":
         fields.update(builder="reference")
@@ -186,7 +186,8 @@ def build_method(name: str, target: TargetModel, folder: Path, shape: str = "tin
     if base == "eagle3":
         fields.setdefault("drafter", str(drafters / "eagle3"))
     cfg = configs[base](**fields)
-    cls = get_class(cfg._target_)
+    module, _, cls_name = cfg._target_.rpartition(".")
+    cls = getattr(importlib.import_module(module), cls_name)
     if getattr(cls, "uses_drafter", False):
         drafter = DrafterConfig(kind="slim", mask=str(mask)) if name == "sd_slim" else \
             DrafterConfig(kind="eagle3", checkpoint=str(drafters / "eagle3")) if name == "via_sd_eagle3" else \
