@@ -35,14 +35,10 @@ import transformers
 from decoding.drafting.domino_scorer import LevelBuilder, ReferenceScorer
 from decoding.drafting.draft_tree import build_best_first
 from decoding.engine.ties import diagnose
+from decoding.engine.transfer import synchronize
 from pipeline.errors import one_line
 from pipeline.summary import tie_counts
 from pipeline.zoo import METHODS, build_method, host_overhead, mixed_prompts, random_target
-
-
-def sync(device) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def run_methods(target, folder, shape, names, prompt_ids, max_new_tokens, compiled=(), on_row=None) -> list[dict]:
@@ -104,7 +100,7 @@ def compare_builders(target, folder, shape, prompt_ids, max_new_tokens) -> dict:
     for i, (root, draft) in enumerate(recorded):
         built = {}
         for kind in ("fast", "reference"):
-            sync(target.device)
+            synchronize(target.device)
             t0 = time.perf_counter()
             if kind == "fast":
                 built[kind] = LevelBuilder(method.drafter, method.head, method.embed, draft.hidden, draft.logits,
@@ -114,7 +110,7 @@ def compare_builders(target, folder, shape, prompt_ids, max_new_tokens) -> dict:
                 scorer = ReferenceScorer(method.drafter, method.head, method.embed, draft.hidden, draft.logits,
                                          cfg.node_topk, cfg.corr_topm)
                 built[kind] = build_best_first(root, scorer, cfg.num_nodes, max_depth=len(draft.logits))
-            sync(target.device)
+            synchronize(target.device)
             if i:  # round 0 captures the CUDA graph: not timed
                 times[kind].append(time.perf_counter() - t0)
         same = built["fast"].tree.tokens == built["reference"].tree.tokens and \
@@ -136,10 +132,10 @@ def cost_curve(target, context: int, sizes: list[int], repeats: int = 3) -> list
         visible = torch.ones(n, n, dtype=torch.bool).tril()
         times = []
         for _ in range(repeats + 1):
-            sync(target.device)
+            synchronize(target.device)
             t0 = time.perf_counter()
             target.forward(tokens, depths, visible)
-            sync(target.device)
+            synchronize(target.device)
             times.append(time.perf_counter() - t0)
             target.truncate(context)
         ms = 1000 * sorted(times[1:])[len(times[1:]) // 2]

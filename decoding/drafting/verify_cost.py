@@ -28,6 +28,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from decoding.engine.transfer import synchronize
+
 
 def fit_monotone_convex(xs, ys) -> np.ndarray:
     """Least-squares fit of a non-decreasing convex sequence to (xs, ys), xs increasing."""
@@ -159,26 +161,23 @@ def profile_verify_cost(target, node_counts: list[int], context_lengths: list[in
             visible = torch.tril(torch.ones(n + 1, n + 1, dtype=torch.bool))
             times = []
             for _ in range(repeats + 1):
+                synchronize(target.device)  # nothing queued before the clock starts
                 t0 = time.perf_counter()
                 target.forward(tokens, depths, visible)
-                _sync(target.device)
+                synchronize(target.device)
                 times.append(time.perf_counter() - t0)
                 target.truncate(context)
             row.append(statistics.median(times[1:]))  # first call warms up
         medians.append(row)
     draft_times = []
     for _ in range(draft_repeats + 1):
+        synchronize(target.device)
         t0 = time.perf_counter()
         draft_fn()
-        _sync(target.device)
+        synchronize(target.device)
         draft_times.append(time.perf_counter() - t0)
     fitted = [fit_monotone_convex(node_counts, row).tolist() for row in medians]
     return VerifyCostModel(list(node_counts), list(context_lengths), fitted, statistics.median(draft_times[1:]))
-
-
-def _sync(device) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
 
 
 def cached_cost_model(key: str, build) -> VerifyCostModel:

@@ -19,6 +19,7 @@ from decoding.engine.acceptance import Verdict, accept_greedy, accept_sampling
 from decoding.engine.metrics import GenerationStats
 from decoding.engine.sampling import Sampler
 from decoding.engine.target import ForwardOutput, TargetModel
+from decoding.engine.transfer import synchronize
 from decoding.engine.tree import TokenTree
 
 
@@ -232,6 +233,7 @@ def generate(
     out = target.prefill(prompt_ids[:-1], method.prefill_hidden_layers())
     method.on_prefill(state, out)
     method.begin(state)
+    synchronize(target.device)  # the prefill's kernels may still be queued on a GPU: nothing read them yet
     state.stats.prefill_s = time.perf_counter() - t0
     state.done = max_new_tokens <= 0
     while not state.done:
@@ -242,5 +244,6 @@ def generate(
     state.stats.target_forward_cost = target.forward_cost
     method.finish(state)
     state.stats.new_tokens = len(state.new_tokens)
+    synchronize(target.device)
     state.stats.wall_s = time.perf_counter() - t0
     return state

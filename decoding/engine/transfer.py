@@ -1,6 +1,8 @@
 """Moving small things between the host and the device, at most once each way per step.
 
 - `to_host`: several device tensors as Python lists in ONE device->host copy (on a GPU, a sync);
+- `synchronize`: before a clock read that must include the device's work (a step ends in a host
+  read, which synchronises anyway; the prefill need not);
 - `to_device`: host data (token ids, row indices) as a device tensor without stalling the GPU: a
   blocking host->device copy waits for every kernel already queued (PyTorch synchronises the
   stream after it), so on CUDA the data goes through pinned memory with `non_blocking=True`.
@@ -17,6 +19,13 @@ def to_device(data, device: torch.device | str, dtype: torch.dtype = torch.long)
     if device.type != "cuda":
         return host.to(device)
     return host.pin_memory().to(device, non_blocking=True)
+
+
+def synchronize(device: torch.device | str) -> None:
+    """Wait for the device's queued work (CUDA), so a host clock read after it counts that work."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def to_host(*tensors: torch.Tensor) -> list[list]:
