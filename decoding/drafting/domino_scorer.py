@@ -92,22 +92,25 @@ class LevelGraph:
     def __init__(self, args, k: int):
         self.inputs = [a.clone() for a in args[:-2]]  # h, score, best and the depth's tables
         self.w_s_t, self.w_hh_t, self.k = args[-2], args[-1], k
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            level_step(*self.inputs, self.w_s_t, self.w_hh_t, k)  # warm-up outside the graph
-        torch.cuda.current_stream().wait_stream(stream)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.out = level_step(*self.inputs, self.w_s_t, self.w_hh_t, k)
+        self.device = self.inputs[0].device
+        with torch.cuda.device(self.device):  # the tensors' GPU, not the current one (cuda:N, a device_map)
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                level_step(*self.inputs, self.w_s_t, self.w_hh_t, k)  # warm-up outside the graph
+            torch.cuda.current_stream().wait_stream(stream)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.out = level_step(*self.inputs, self.w_s_t, self.w_hh_t, k)
 
     def fits(self, args) -> bool:
         return all(a.shape == b.shape for a, b in zip(self.inputs, args))
 
     def __call__(self, *args):
-        for static, value in zip(self.inputs, args[:-2]):
-            static.copy_(value)
-        self.graph.replay()
+        with torch.cuda.device(self.device):
+            for static, value in zip(self.inputs, args[:-2]):
+                static.copy_(value)
+            self.graph.replay()
         return self.out
 
 
