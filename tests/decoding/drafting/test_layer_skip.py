@@ -74,14 +74,20 @@ def test_invalid_layer_sets_are_refused(tiny_target):
 def name_the_layer_cache_past_key_values(model) -> None:
     """Decoder layers as transformers before 5.2x has them: the cache argument is `past_key_values`
     (their **kwargs would swallow a `cache=` silently)."""
+    import inspect
+
     for layer in model.model.layers:
-        class Renamed(type(layer)):
+        base = type(layer)
+        # the installed transformers' own name, under which the renamed layer hands the cache on
+        own = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+
+        class Renamed(base):
             def forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None,
                         use_cache=False, position_embeddings=None, **kwargs):
                 assert "cache" not in kwargs, "the cache went in under the wrong name"
                 return super().forward(hidden_states, attention_mask=attention_mask, position_ids=position_ids,
-                                       cache=past_key_values, use_cache=use_cache,
-                                       position_embeddings=position_embeddings, **kwargs)
+                                       use_cache=use_cache, position_embeddings=position_embeddings,
+                                       **{own: past_key_values}, **kwargs)
 
         layer.__class__ = Renamed
 
