@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import transformers
 from transformers.cache_utils import get_layer_types_and_kwargs
 
 FULL, SLIDING = "full_attention", "sliding_attention"
@@ -38,6 +39,12 @@ class AttentionLayout:
     def of(cls, config) -> "AttentionLayout":
         config = config.get_text_config(decoder=True)  # as DynamicCache reads it
         types, kwargs = get_layer_types_and_kwargs(config)
+        if isinstance(kwargs, dict):  # transformers before 5.2x: one kwargs dict for every layer
+            if SLIDING in types:  # its sliding layers fail our cached-vs-uncached equality tests (seen with 5.17)
+                raise UnsupportedArchitecture(
+                    f"{config.model_type}: sliding-window layers need transformers >= 5.25 in the decoding engine "
+                    f"(this is {transformers.__version__}; tested with 5.25)")
+            kwargs = [kwargs] * len(types)
         unknown = sorted(set(types) - {FULL, SLIDING})
         if unknown:
             raise UnsupportedArchitecture(f"{config.model_type}: layer type(s) {', '.join(unknown)} are not supported "

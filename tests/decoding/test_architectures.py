@@ -226,3 +226,25 @@ def test_a_layer_type_the_engine_does_not_handle_is_refused_with_one_line():
     with pytest.raises(UnsupportedArchitecture, match="linear_attention are not supported") as info:
         AttentionLayout.of(config)
     assert "\n" not in str(info.value) and isinstance(info.value, USER_ERRORS)
+
+
+def test_the_layout_reads_the_older_transformers_kwargs_and_refuses_its_sliding_layers(monkeypatch):
+    """transformers before 5.2x (5.17: the GPU image's) returns one kwargs dict for all layers instead of
+    one per layer: full-attention models read it; sliding layers, which fail our equality tests there,
+    are refused with one line instead of decoding wrongly."""
+    from transformers import Qwen3Config
+
+    from decoding.engine import attention_layout
+    from decoding.engine.attention_layout import FULL, SLIDING, AttentionLayout, UnsupportedArchitecture
+
+    def older(config):
+        types = list(config.layer_types)
+        return types, ({"sliding_window": config.sliding_window} if SLIDING in types else {})
+
+    monkeypatch.setattr(attention_layout, "get_layer_types_and_kwargs", older)
+    full = AttentionLayout.of(Qwen3Config(num_hidden_layers=2, layer_types=[FULL, FULL]))
+    assert full.types == (FULL, FULL) and full.windows == {FULL: None}
+    hybrid = Qwen3Config(num_hidden_layers=2, layer_types=[SLIDING, FULL], sliding_window=8, use_sliding_window=True)
+    with pytest.raises(UnsupportedArchitecture, match="sliding-window layers need transformers") as info:
+        AttentionLayout.of(hybrid)
+    assert "\n" not in str(info.value)
