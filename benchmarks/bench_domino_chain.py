@@ -17,18 +17,18 @@ import time
 
 import torch
 
+from decoding.engine.transfer import synchronize
+
 
 def best_ms(fn, args, calls: int, repeats: int, device) -> float:
     fn(*args)
     times = []
     for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+        synchronize(device)
         t0 = time.perf_counter()
         for _ in range(calls):
             fn(*args)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+        synchronize(device)
         times.append((time.perf_counter() - t0) / calls * 1000)
     return min(times)
 

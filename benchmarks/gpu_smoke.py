@@ -56,23 +56,21 @@ def run_methods(target, folder, shape, names, prompt_ids, max_new_tokens, compil
             continue
         for temperature in (0.0, 1.0):
             row = {"method": label, "T": temperature}
-            try:
+            try:  # the run and its tie diagnosis: either may crash on a device, and that is this row's result
                 r = host_overhead(method, target, prompt_ids, max_new_tokens, temperature)
+                outputs = r.pop("outputs")
+                row.update({k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()})
+                row["tokens_per_s"] = round(r["tokens_per_step"] / (r["wall_ms"] / 1000), 2) if r["wall_ms"] else 0.0
+                if temperature == 0 and name == "ar":
+                    ar_outputs = outputs
+                elif temperature == 0 and method.lossless and ar_outputs is not None:
+                    found = [d.to_dict() for d in (diagnose(target, p, a, o)
+                                                   for p, a, o in zip(prompt_ids, ar_outputs, outputs)) if d is not None]
+                    counts = tie_counts(found)
+                    row.update(match=sum(a == o for a, o in zip(ar_outputs, outputs)), ties=counts["match_ties"],
+                               diverged=counts["match_divergences"])
             except Exception as err:
-                rows.append({**row, "error": f"{type(err).__name__}: {one_line(err)}"})
-                on_row(rows[-1])
-                continue
-            outputs = r.pop("outputs")
-            row.update({k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()})
-            row["tokens_per_s"] = round(r["tokens_per_step"] / (r["wall_ms"] / 1000), 2) if r["wall_ms"] else 0.0
-            if temperature == 0 and name == "ar":
-                ar_outputs = outputs
-            elif temperature == 0 and method.lossless and ar_outputs is not None:
-                found = [d.to_dict() for d in (diagnose(target, p, a, o) for p, a, o in zip(prompt_ids, ar_outputs, outputs))
-                         if d is not None]
-                counts = tie_counts(found)
-                row.update(match=sum(a == o for a, o in zip(ar_outputs, outputs)), ties=counts["match_ties"],
-                           diverged=counts["match_divergences"])
+                row = {"method": label, "T": temperature, "error": f"{type(err).__name__}: {one_line(err)}"}
             rows.append(row)
             on_row(row)
     return rows
@@ -199,6 +197,9 @@ def main() -> int:
     if torch.device(device).type == "cuda" and not torch.cuda.is_available():
         print("gpu smoke: FAILED: no CUDA device is visible (on a CPU: --device cpu --tiny)", flush=True)
         return 1
+    if torch.device(device).type == "cpu" and not args.tiny:
+        print("gpu smoke: FAILED: the full shape on a CPU takes hours (on a CPU: --device cpu --tiny)", flush=True)
+        return 1
     shape = "tiny" if args.tiny else "qwen3-1.7b"
     n_prompts = args.prompts or (2 if args.tiny else 4)
     max_new = args.max_new_tokens or (16 if args.tiny else 48)
@@ -215,7 +216,9 @@ def main() -> int:
             Path(args.out).write_text(json.dumps(report, indent=2))
 
     print_header(report)
-    target = random_target(shape, dtype=getattr(torch, args.dtype), device=device)
+    target = section(random_target, shape, getattr(torch, args.dtype), device)
+    if isinstance(target, dict):  # e.g. out of memory at the full shape
+        return finish(report, [f"the random target could not be built ({target['error']})"], save)
     prompt_ids = mixed_prompts(n_prompts, target.config.vocab_size - 1)
     names = [m for m in args.methods.split(",") if m]
     compiled = [m for m in (args.compiled if args.compiled is not None else "" if args.tiny else "domino").split(",") if m]
@@ -244,6 +247,13 @@ def main() -> int:
         problems.append("the fast and reference DominoTree builders built different trees")
     if isinstance(report["cost_curve"], dict):
         problems.append(f"the forward-cost curve crashed ({report['cost_curve']['error']})")
+    return finish(report, problems, save)
+
+
+def finish(report: dict, problems: list[str], save) -> int:
+    """The verdict, in the JSON too (a lost stdout keeps it) and as the last line."""
+    report["problems"] = problems
+    save()
     print(f"gpu smoke: {'FAILED: ' + '; '.join(problems) if problems else 'ok'} ({report['seconds']} s)", flush=True)
     return 1 if problems else 0
 

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from decoding.engine.target import TargetModel
+from decoding.engine.transfer import synchronize
 
 SHAPES = {
     # name: (config fields every architecture takes, drafter fields)
@@ -215,8 +216,7 @@ class ForwardTimer:
         self.depth = 0
 
     def _sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+        synchronize(self.device)
 
     def wrap(self, fn):
         import functools

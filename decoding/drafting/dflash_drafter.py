@@ -346,16 +346,18 @@ def load_drafter(location: str, device=None, dtype=None) -> DFlashDrafter:
         raise ConfigError(f"drafter checkpoint {folder}: tensor names do not match the DFlash layout "
                           f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
     model.load_state_dict(state)
-    return cast_weights(model.to(device=device).eval(), dtype)
+    return cast_weights(model, dtype).to(device=device).eval()
 
 
 def cast_weights(model: nn.Module, dtype) -> nn.Module:
     """Cast the float parameters to `dtype`, leaving buffers alone: RoPE's `inv_freq` stays fp32, as in
     HF's models (a bf16 inv_freq rounds the frequencies to 8 bits: angles off by ~0.1 rad per 100
-    positions of distance in the fast channels), and index buffers keep their integer types."""
+    positions of distance in the fast channels), and index buffers keep their integer types. Call it
+    before moving the model: the move then carries bf16 weights, and re-packs a GRU's weights."""
     if dtype is not None:
         for param in model.parameters():
-            param.data = param.data.to(dtype)
+            if param.is_floating_point():
+                param.data = param.data.to(dtype)
     return model
 
 

@@ -275,7 +275,7 @@ def load_eagle3(location: str, device=None, dtype=None) -> Eagle3Drafter:
                               f"config.json implies {tuple(tensor.shape)}")
     model.load_state_dict({k: v.to(torch.long) if k == "d2t" else v.to(torch.bool) if k == "t2d" else v
                            for k, v in state.items()})
-    return cast_weights(model.to(device=device).eval(), dtype)  # d2t / t2d and inv_freq keep their types
+    return cast_weights(model, dtype).to(device=device).eval()  # d2t / t2d and inv_freq keep their types
 
 
 def save_eagle3(model: Eagle3Drafter, folder: Path, dtype=torch.bfloat16) -> None:

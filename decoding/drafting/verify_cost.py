@@ -161,20 +161,20 @@ def profile_verify_cost(target, node_counts: list[int], context_lengths: list[in
             visible = torch.tril(torch.ones(n + 1, n + 1, dtype=torch.bool))
             times = []
             for _ in range(repeats + 1):
-                synchronize(target.device)  # nothing queued before the clock starts
+                synchronize(target.output_device)  # nothing queued before the clock starts
                 t0 = time.perf_counter()
                 target.forward(tokens, depths, visible)
-                synchronize(target.device)
+                synchronize(target.output_device)
                 times.append(time.perf_counter() - t0)
                 target.truncate(context)
             row.append(statistics.median(times[1:]))  # first call warms up
         medians.append(row)
     draft_times = []
     for _ in range(draft_repeats + 1):
-        synchronize(target.device)
+        synchronize(target.output_device)
         t0 = time.perf_counter()
         draft_fn()
-        synchronize(target.device)
+        synchronize(target.output_device)
         draft_times.append(time.perf_counter() - t0)
     fitted = [fit_monotone_convex(node_counts, row).tolist() for row in medians]
     return VerifyCostModel(list(node_counts), list(context_lengths), fitted, statistics.median(draft_times[1:]))

@@ -39,16 +39,16 @@ class AttentionLayout:
     def of(cls, config) -> "AttentionLayout":
         config = config.get_text_config(decoder=True)  # as DynamicCache reads it
         types, kwargs = get_layer_types_and_kwargs(config)
-        if isinstance(kwargs, dict):  # transformers before 5.2x: one kwargs dict for every layer
+        unknown = sorted(set(types) - {FULL, SLIDING})
+        if unknown:
+            raise UnsupportedArchitecture(f"{config.model_type}: layer type(s) {', '.join(unknown)} are not supported "
+                                          f"by the decoding engine (it handles {FULL} and {SLIDING})")
+        if isinstance(kwargs, dict):  # transformers older than 5.25 (5.17 seen): one kwargs dict for every layer
             if SLIDING in types:  # its sliding layers fail our cached-vs-uncached equality tests (seen with 5.17)
                 raise UnsupportedArchitecture(
                     f"{config.model_type}: sliding-window layers need transformers >= 5.25 in the decoding engine "
                     f"(this is {transformers.__version__}; tested with 5.25)")
             kwargs = [kwargs] * len(types)
-        unknown = sorted(set(types) - {FULL, SLIDING})
-        if unknown:
-            raise UnsupportedArchitecture(f"{config.model_type}: layer type(s) {', '.join(unknown)} are not supported "
-                                          f"by the decoding engine (it handles {FULL} and {SLIDING})")
         windows: dict[str, int | None] = {FULL: None}
         sizes = {int(kw["sliding_window"]) for t, kw in zip(types, kwargs) if t == SLIDING}
         if len(sizes) > 1:

@@ -233,7 +233,7 @@ def generate(
     out = target.prefill(prompt_ids[:-1], method.prefill_hidden_layers())
     method.on_prefill(state, out)
     method.begin(state)
-    synchronize(target.device)  # the prefill's kernels may still be queued on a GPU: nothing read them yet
+    synchronize(target.output_device)  # the prefill's kernels may still be queued on a GPU (its last device under a device_map)
     state.stats.prefill_s = time.perf_counter() - t0
     state.done = max_new_tokens <= 0
     while not state.done:
@@ -244,6 +244,6 @@ def generate(
     state.stats.target_forward_cost = target.forward_cost
     method.finish(state)
     state.stats.new_tokens = len(state.new_tokens)
-    synchronize(target.device)
+    synchronize(target.output_device)
     state.stats.wall_s = time.perf_counter() - t0
     return state

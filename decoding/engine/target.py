@@ -72,7 +72,8 @@ class TargetModel:
         # would swallow a wrongly named cache: no KV written, no error)
         decoder = getattr(getattr(model, "model", None), "layers", None)
         layer_params = inspect.signature(decoder[0].forward).parameters if decoder else {}
-        self._layer_cache_kw = "past_key_values" if "past_key_values" in layer_params else "cache"
+        self._layer_cache_kw = "past_key_values" if "past_key_values" in layer_params else \
+            "cache" if "cache" in layer_params else self._cache_kw  # a layer naming neither: the model's name
         self.layout = AttentionLayout.of(self.config)  # the decoder layers' attention types and windows
         rotary = getattr(getattr(model, "model", None), "rotary_emb", None)  # the layer-subset path's RoPE
         self._rotary_per_type = rotary is not None and "layer_type" in inspect.signature(rotary.forward).parameters

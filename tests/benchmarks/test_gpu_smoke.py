@@ -28,6 +28,9 @@ def test_gpu_smoke_runs_every_method_on_the_cpu_tiny_shape_with_only_the_gpu_ima
                                            "    sys.modules[name] = None\n")
     out = tmp_path / "smoke.json"
     path = os.pathsep.join([str(hide), str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")])
+    hidden = subprocess.run([sys.executable, "-c", "import hydra"], capture_output=True, text=True,
+                            env={**os.environ, "PYTHONPATH": path})
+    assert hidden.returncode != 0 and "ModuleNotFoundError" in hidden.stderr  # the packages are really hidden
     proc = subprocess.run([sys.executable, "benchmarks/gpu_smoke.py", "--device", "cpu", "--tiny", "--out", str(out)],
                           cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=900,
                           env={**os.environ, "SPECDEC_CACHE": str(tmp_path / "cache"), "PYTHONPATH": path})
@@ -48,6 +51,42 @@ def test_gpu_smoke_runs_every_method_on_the_cpu_tiny_shape_with_only_the_gpu_ima
     assert sum(line.startswith("| ") and "| T |" not in line for line in lines) == len(report["methods"])
     assert lines.index(next(line for line in lines if line.startswith("DominoTree builders"))) > \
         max(i for i, line in enumerate(lines) if line.startswith("| "))
+
+
+def load_smoke():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_smoke", PROJECT_ROOT / "benchmarks" / "gpu_smoke.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_crashing_section_is_a_reported_problem_and_the_json_keeps_the_rest(tmp_path, monkeypatch, capsys):
+    smoke = load_smoke()
+
+    def broken(*args):
+        raise RuntimeError("capture failed")
+
+    monkeypatch.setattr(smoke, "compare_builders", broken)
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "smoke.json"
+    monkeypatch.setattr(sys, "argv", ["gpu_smoke.py", "--device", "cpu", "--tiny", "--methods", "ar,pld",
+                                      "--max-rows", "2", "--out", str(out)])
+    assert smoke.main() == 1
+    report = json.loads(out.read_text())
+    assert [(r["method"], r["T"]) for r in report["methods"]] == [("ar", 0.0), ("ar", 1.0), ("pld", 0.0), ("pld", 1.0)]
+    assert report["builders"] == {"error": "RuntimeError: capture failed"}
+    assert [r["rows"] for r in report["cost_curve"]] == [1, 2]  # the section after the failing one still ran
+    assert report["problems"] == ["the DominoTree builders' comparison crashed (RuntimeError: capture failed)"]
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("gpu smoke: FAILED: the DominoTree builders'")
+
+
+def test_the_full_shape_on_a_cpu_is_refused_in_one_line():
+    proc = subprocess.run([sys.executable, "benchmarks/gpu_smoke.py", "--device", "cpu"], cwd=PROJECT_ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and proc.stdout.strip().splitlines() == [
+        "gpu smoke: FAILED: the full shape on a CPU takes hours (on a CPU: --device cpu --tiny)"]
 
 
 def test_gpu_smoke_without_a_gpu_says_so_in_one_line():

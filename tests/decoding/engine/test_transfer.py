@@ -1,5 +1,8 @@
 """Host/device transfers and clocks (decoding/engine/transfer.py)."""
 
+import time
+from types import SimpleNamespace
+
 import torch
 
 from decoding.engine import loop
@@ -26,14 +29,17 @@ def test_the_prefill_clock_waits_for_the_device(monkeypatch, tiny_target):
 
     events = []
     monkeypatch.setattr(loop, "synchronize", lambda device: events.append(("sync", torch.device(device))))
-    real_clock = loop.time.perf_counter
-    monkeypatch.setattr(loop.time, "perf_counter", lambda: events.append(("clock",)) or real_clock())
+    real_clock, real_prefill = time.perf_counter, tiny_target.prefill
+    monkeypatch.setattr(loop, "time", SimpleNamespace(perf_counter=lambda: events.append(("clock",)) or real_clock()))
+    monkeypatch.setattr(tiny_target, "prefill", lambda *a, **k: events.append(("prefill",)) or real_prefill(*a, **k))
     method = AR(ARConfig())
     method.setup(tiny_target)
     state = loop.generate(method, tiny_target, [5, 6, 7], max_new_tokens=2)
     assert state.stats.prefill_s > 0
-    clocks = [i for i, e in enumerate(events) if e == ("clock",)]
-    syncs = [i for i, e in enumerate(events) if e[0] == "sync"]
-    # the generation's second clock read (prefill_s) and its last (wall_s) each follow a sync
-    assert any(clocks[0] < s < clocks[1] for s in syncs) and syncs[-1] < clocks[-1]
-    assert all(e[1] == tiny_target.device for e in events if e[0] == "sync")
+    kinds = [e[0] for e in events]
+    prefill = kinds.index("prefill")
+    after = kinds[prefill:]
+    # prefill, then a sync, then the clock read of prefill_s; and the last clock read (wall_s) follows a sync
+    assert after.index("sync") < after.index("clock")
+    assert max(i for i, k in enumerate(kinds) if k == "sync") < max(i for i, k in enumerate(kinds) if k == "clock")
+    assert all(e[1] == tiny_target.output_device for e in events if e[0] == "sync")
