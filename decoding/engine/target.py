@@ -48,6 +48,11 @@ def soft_cap(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
     return logits if cap is None else torch.tanh(logits / cap) * cap
 
 
+def cache_argument(params, fallback: str) -> str:
+    """The name under which a forward (of a model or a decoder layer) takes the KV cache, by its signature."""
+    return next((name for name in ("cache", "past_key_values") if name in params), fallback)
+
+
 class TargetModel:
     """Prefill, block/tree forwards with a custom mask, hidden-state taps, KV compaction."""
 
@@ -66,14 +71,13 @@ class TargetModel:
             raise ValueError(f"layers must be a non-empty subset of 0..{self.num_layers - 1}, got {layers}")
         params = inspect.signature(model.forward).parameters
         # transformers >= 5.2x renamed past_key_values -> cache and dropped cache_position.
-        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._cache_kw = cache_argument(params, fallback="past_key_values")
         self._pass_cache_position = "cache_position" in params
         # the same rename in the decoder layers, which the layer-subset path calls directly (their **kwargs
-        # would swallow a wrongly named cache: no KV written, no error)
+        # would swallow a wrongly named cache: no KV written, no error); a layer naming neither: the model's name
         decoder = getattr(getattr(model, "model", None), "layers", None)
         layer_params = inspect.signature(decoder[0].forward).parameters if decoder else {}
-        self._layer_cache_kw = "past_key_values" if "past_key_values" in layer_params else \
-            "cache" if "cache" in layer_params else self._cache_kw  # a layer naming neither: the model's name
+        self._layer_cache_kw = cache_argument(layer_params, fallback=self._cache_kw)
         self.layout = AttentionLayout.of(self.config)  # the decoder layers' attention types and windows
         rotary = getattr(getattr(model, "model", None), "rotary_emb", None)  # the layer-subset path's RoPE
         self._rotary_per_type = rotary is not None and "layer_type" in inspect.signature(rotary.forward).parameters
