@@ -36,7 +36,7 @@ from decoding.drafting.domino_scorer import LevelBuilder, ReferenceScorer
 from decoding.drafting.draft_tree import build_best_first
 from decoding.engine.ties import diagnose
 from decoding.engine.transfer import synchronize
-from pipeline.errors import one_line
+from pipeline.errors import named_line
 from pipeline.summary import tie_counts
 from pipeline.zoo import METHODS, build_method, host_overhead, mixed_prompts, random_target
 
@@ -51,7 +51,7 @@ def run_methods(target, folder, shape, names, prompt_ids, max_new_tokens, compil
         try:
             method = build_method(name, target, folder, shape, **overrides)
         except Exception as err:  # a crash is a result here: report it and go on
-            rows.append({"method": label, "T": None, "error": f"{type(err).__name__}: {one_line(err)}"})
+            rows.append({"method": label, "T": None, "error": named_line(err)})
             on_row(rows[-1])
             continue
         for temperature in (0.0, 1.0):
@@ -70,7 +70,7 @@ def run_methods(target, folder, shape, names, prompt_ids, max_new_tokens, compil
                     row.update(match=sum(a == o for a, o in zip(ar_outputs, outputs)), ties=counts["match_ties"],
                                diverged=counts["match_divergences"])
             except Exception as err:
-                row = {"method": label, "T": temperature, "error": f"{type(err).__name__}: {one_line(err)}"}
+                row = {"method": label, "T": temperature, "error": named_line(err)}
             rows.append(row)
             on_row(row)
     return rows
@@ -177,7 +177,7 @@ def section(fn, *args) -> dict | list:
     try:
         return fn(*args)
     except Exception as err:
-        return {"error": f"{type(err).__name__}: {one_line(err)}"}
+        return {"error": named_line(err)}
 
 
 def main() -> int:

@@ -22,3 +22,8 @@ def one_line(err: BaseException) -> str:
     """The first non-empty line of an exception's message (its type name if it has none)."""
     lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
     return lines[0] if lines else type(err).__name__
+
+
+def named_line(err: BaseException) -> str:
+    """`Type: first line`, for a crash recorded as a result (a failed method, a failed section)."""
+    return f"{type(err).__name__}: {one_line(err)}"

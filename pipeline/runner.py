@@ -21,7 +21,7 @@ from decoding.drafting.dflash_drafter import forget_resolved
 from decoding.engine.loop import Method
 from decoding.engine.target import TargetModel
 from pipeline import provenance, table
-from pipeline.errors import one_line
+from pipeline.errors import named_line
 from pipeline.generation import (GenerationSettings, append_result, diagnose_mismatches, generate_example,
                                  read_results, run_examples, warm_up)
 from pipeline.models import load_model, stop_token_ids
@@ -213,7 +213,7 @@ def compare(rc: RunConfig, cfg: DictConfig, methods: list[Method], labels: list[
         except Exception as err:  # noqa: BLE001 - recorded, shown in the table, the comparison goes on
             if method.name == "ar":
                 raise  # AR is every other method's reference
-            failed[method_dir.name] = f"{type(err).__name__}: {one_line(err)}"
+            failed[method_dir.name] = named_line(err)
             (method_dir / "failed.json").write_text(json.dumps(
                 {"error": failed[method_dir.name], "traceback": traceback.format_exc()}, indent=2))
             log.error("%s failed (%s); its finished prompts stay in %s, the other methods go on",
