@@ -13,15 +13,21 @@ every token it has seen (`cumulative_length`). We keep that memory bound and fol
   transformers' masking_utils), on top of the tree/aux visibility;
 - a sliding layer's stored key i sits at position `cumulative_length - stored + i` (`offset`), so
   compaction and truncation index through it, then cut the layer back to `window - 1` keys.
+
+transformers before 5.25 (5.17, the GPU image's) differs in two ways, both handled here: it gives one
+kwargs dict for every layer type, and a recording sliding layer returns *every* key it holds, not
+the last `window - 1`; so after several forwards without a cut (a drafter's one-row passes) a row
+would attend past its window unless the mask covers those keys too (`returns_recorded_past`,
+`TargetModel._sliding_keys`).
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
-import transformers
-from transformers.cache_utils import get_layer_types_and_kwargs
+from transformers.cache_utils import DynamicSlidingWindowLayer, get_layer_types_and_kwargs
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 
@@ -44,10 +50,6 @@ class AttentionLayout:
             raise UnsupportedArchitecture(f"{config.model_type}: layer type(s) {', '.join(unknown)} are not supported "
                                           f"by the decoding engine (it handles {FULL} and {SLIDING})")
         if isinstance(kwargs, dict):  # transformers older than 5.25 (5.17 seen): one kwargs dict for every layer
-            if SLIDING in types:  # its sliding layers fail our cached-vs-uncached equality tests (seen with 5.17)
-                raise UnsupportedArchitecture(
-                    f"{config.model_type}: sliding-window layers need transformers >= 5.25 in the decoding engine "
-                    f"(this is {transformers.__version__}; tested with 5.25)")
             kwargs = [kwargs] * len(types)
         windows: dict[str, int | None] = {FULL: None}
         sizes = {int(kw["sliding_window"]) for t, kw in zip(types, kwargs) if t == SLIDING}
@@ -62,19 +64,25 @@ class AttentionLayout:
     def is_uniform(self) -> bool:
         return len(self.windows) == 1
 
-    def masks(self, visible: torch.Tensor, positions: torch.Tensor, prefix_len: int, dtype: torch.dtype):
+    def masks(self, visible: torch.Tensor, positions: torch.Tensor, prefix_len: int, dtype: torch.dtype,
+              sliding_keys: int | None = None):
         """The additive masks of a block after `prefix_len` cached tokens: one [1, 1, n, keys] float
         tensor for a model with one layer type, else {layer type: mask}. `visible` [n, n] bool says
-        which block rows each row attends to; `positions` [n] are the rows' absolute positions.
+        which block rows each row attends to; `positions` [n] are the rows' absolute positions;
+        `sliding_keys`: how many cached keys a sliding layer returns in front of the block (default
+        min(prefix_len, window - 1); more where the layer returns its recorded past).
         Always float: a boolean 4D mask is silently wrong under eager attention in transformers 5."""
-        masks = {t: self._mask(visible, positions, prefix_len, w, dtype) for t, w in self.windows.items()}
+        masks = {t: self._mask(visible, positions, prefix_len, w, dtype, sliding_keys) for t, w in self.windows.items()}
         # one type: a tensor, since the forwards of one-type models (LLaMA, Mistral) take no dict
         return next(iter(masks.values())) if self.is_uniform else masks
 
     @staticmethod
-    def _mask(visible, positions, prefix_len: int, window: int | None, dtype) -> torch.Tensor:
+    def _mask(visible, positions, prefix_len: int, window: int | None, dtype, sliding_keys: int | None) -> torch.Tensor:
         n = visible.shape[0]
-        cached = prefix_len if window is None else min(prefix_len, window - 1)
+        if window is None:
+            cached = prefix_len
+        else:
+            cached = min(prefix_len, window - 1) if sliding_keys is None else sliding_keys
         blocked = torch.finfo(dtype).min
         mask = torch.zeros(1, 1, n, cached + n, dtype=dtype, device=visible.device)
         mask[0, 0, :, cached:].masked_fill_(visible.logical_not(), blocked)  # a view: the block's own columns
@@ -91,6 +99,18 @@ class AttentionLayout:
 
 
 # ------------------------------------------------------------------ cache layers
+@functools.cache
+def returns_recorded_past() -> bool:
+    """Whether a recording sliding layer returns every key it holds (transformers < 5.25) instead of
+    the last `window - 1` plus the block's: asked of the installed transformers' layer itself."""
+    layer = DynamicSlidingWindowLayer(sliding_window=2)
+    layer.activate_past_recording()
+    kv = torch.zeros(1, 1, 3, 1)
+    layer.update(kv, kv)  # three keys recorded, one more than the window keeps
+    keys, _ = layer.update(kv[:, :, :1], kv[:, :, :1])
+    return keys.shape[-2] > 2  # 5.25: window - 1 + 1 = 2
+
+
 def record_past(cache) -> None:
     """Make every sliding layer keep its evicted keys until `cut` (so a rejected draft can be dropped)."""
     for layer in cache.layers:

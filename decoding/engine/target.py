@@ -79,6 +79,9 @@ class TargetModel:
         layer_params = inspect.signature(decoder[0].forward).parameters if decoder else {}
         self._layer_cache_kw = cache_argument(layer_params, fallback=self._cache_kw)
         self.layout = AttentionLayout.of(self.config)  # the decoder layers' attention types and windows
+        # one of this wrapper's sliding layers (they are cut in step), read where transformers < 5.25
+        # returns a sliding layer's recorded past: the masks must then cover those keys
+        self._sliding_layer = next((i for i in self.layers if self.layout.types[i] == attention_layout.SLIDING), None)
         rotary = getattr(getattr(model, "model", None), "rotary_emb", None)  # the layer-subset path's RoPE
         self._rotary_per_type = rotary is not None and "layer_type" in inspect.signature(rotary.forward).parameters
         self._logit_softcap = getattr(self.config, "final_logit_softcapping", None)
@@ -144,6 +147,19 @@ class TargetModel:
     def _cached_layers(self):
         return [layer for layer in self.cache.layers if layer.keys is not None and layer.keys.numel() > 0]
 
+    def _sliding_keys(self) -> int | None:
+        """How many cached keys a sliding layer returns in front of the next block where the installed
+        transformers returns every recorded key (< 5.25); None: the layout's default, min(prefix, window - 1)."""
+        if self._sliding_layer is None or not attention_layout.returns_recorded_past():
+            return None
+        keys = self.cache.layers[self._sliding_layer].keys
+        return 0 if keys is None else keys.shape[-2]
+
+    def _past_window(self, sliding_keys: int | None) -> bool:
+        """True when the sliding layers will return keys beyond the window (recorded past, transformers
+        < 5.25): a block then needs our explicit mask, even one row or a plain chain."""
+        return sliding_keys is not None and sliding_keys >= self.layout.windows[attention_layout.SLIDING]
+
     # ---------------------------------------------------------------- forward
     @torch.inference_mode()
     def prefill(self, ids: list[int], hidden_layers: tuple[int, ...] = ()) -> ForwardOutput:
@@ -186,8 +202,12 @@ class TargetModel:
             packed[1] += prefix
             tokens, positions = to_device(packed, self.device)
         mask = None
+        sliding_keys = self._sliding_keys()
+        if visible is None and self._past_window(sliding_keys):  # the model's own mask would not cover them
+            visible = torch.ones(len(tokens), len(tokens), dtype=torch.bool, device=self.device).tril()
         if visible is not None:
-            mask = self.layout.masks(to_device(visible, self.device, torch.bool), positions, prefix, self.dtype)
+            mask = self.layout.masks(to_device(visible, self.device, torch.bool), positions, prefix, self.dtype,
+                                     sliding_keys)
         layers = self.layers if active_layers is None else tuple(sorted(set(active_layers)))
         if not set(layers) <= set(self.layers):
             raise ValueError(f"active_layers {layers} are not all layers of this wrapper")
@@ -232,10 +252,13 @@ class TargetModel:
         writing its KV to its own cache layer by its layer index), final norm, head, soft-cap."""
         stack, head, types = self.model.model, self.model.lm_head, self.layout.types
         prefix = self.cache_len
-        if mask is None and len(tokens) > 1:  # plain causal chain after the cached prefix (one row needs no mask)
+        sliding_keys = self._sliding_keys()
+        # plain causal chain after the cached prefix (one row needs no mask, unless a sliding layer returns keys
+        # past its window)
+        if mask is None and (len(tokens) > 1 or self._past_window(sliding_keys)):
             n = len(tokens)
             chain = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
-            mask = self.layout.masks(chain, positions, prefix, self.dtype)
+            mask = self.layout.masks(chain, positions, prefix, self.dtype, sliding_keys)
         pos = positions[None]
         h = stack.embed_tokens(tokens[None])
         if self._rotary_per_type:

@@ -17,7 +17,9 @@ import functools
 
 import pytest
 import torch
+from transformers.cache_utils import DynamicSlidingWindowLayer
 
+from decoding.engine import attention_layout
 from decoding.methods.ar import AR
 from decoding.engine.loop import generate
 from decoding.engine.tree import TokenTree
@@ -44,6 +46,14 @@ def prompts():
     return mixed_prompts(2, 500)  # [repetitive (drafts accepted), random (drafts rejected)]
 
 
+def uncached_greedy(model, prompt: list[int], n: int) -> list[int]:
+    seq = list(prompt)
+    with torch.inference_mode():
+        for _ in range(n):
+            seq.append(int(model(torch.tensor([seq])).logits[0, -1].argmax()))
+    return seq[len(prompt):]
+
+
 @functools.cache
 def ar_tokens(arch: str):
     return [generate(AR(), arch_target(arch), p, max_new_tokens=NEW_TOKENS).new_tokens for p in prompts()]
@@ -61,12 +71,7 @@ def test_hybrid_architectures_really_mix_layer_types_with_a_window_the_prompts_c
 @pytest.mark.parametrize("arch", ARCHS)
 def test_ar_equals_the_models_own_uncached_greedy_forward(arch):
     target = arch_target(arch)
-    for prompt, ours in zip(prompts(), ar_tokens(arch)):
-        seq = list(prompt)
-        with torch.inference_mode():
-            for _ in range(NEW_TOKENS):
-                seq.append(int(target.model(torch.tensor([seq])).logits[0, -1].argmax()))
-        assert ours == seq[len(prompt):]
+    assert ar_tokens(arch) == [uncached_greedy(target.model, p, NEW_TOKENS) for p in prompts()]
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -228,14 +233,12 @@ def test_a_layer_type_the_engine_does_not_handle_is_refused_with_one_line():
     assert "\n" not in str(info.value) and isinstance(info.value, USER_ERRORS)
 
 
-def test_the_layout_reads_the_older_transformers_kwargs_and_refuses_its_sliding_layers(monkeypatch):
-    """transformers before 5.2x (5.17: the GPU image's) returns one kwargs dict for all layers instead of
-    one per layer: full-attention models read it; sliding layers, which fail our equality tests there,
-    are refused with one line instead of decoding wrongly."""
+def test_the_layout_reads_the_older_transformers_kwargs(monkeypatch):
+    """transformers before 5.25 (5.17: the GPU image's) returns one kwargs dict for all layers instead of
+    one per layer: full-attention and hybrid models read it."""
     from transformers import Qwen3Config
 
-    from decoding.engine import attention_layout
-    from decoding.engine.attention_layout import FULL, SLIDING, AttentionLayout, UnsupportedArchitecture
+    from decoding.engine.attention_layout import FULL, SLIDING, AttentionLayout
 
     def older(config):
         types = list(config.layer_types)
@@ -245,6 +248,94 @@ def test_the_layout_reads_the_older_transformers_kwargs_and_refuses_its_sliding_
     full = AttentionLayout.of(Qwen3Config(num_hidden_layers=2, layer_types=[FULL, FULL]))
     assert full.types == (FULL, FULL) and full.windows == {FULL: None}
     hybrid = Qwen3Config(num_hidden_layers=2, layer_types=[SLIDING, FULL], sliding_window=8, use_sliding_window=True)
-    with pytest.raises(UnsupportedArchitecture, match="sliding-window layers need transformers") as info:
-        AttentionLayout.of(hybrid)
-    assert "\n" not in str(info.value)
+    layout = AttentionLayout.of(hybrid)
+    assert layout.types == (SLIDING, FULL) and layout.windows == {SLIDING: 8, FULL: None}
+
+
+# ---------------------------------------------------------------- the older transformers' sliding cache
+# Before 5.25 (5.17 is the GPU image's), a sliding layer that records its past (as the engine makes it, to drop
+# rejected drafts) returns every key it holds from `update`, not the last `window - 1` plus the block's. After
+# several forwards without a cut (a drafter's one-row passes) a row would attend past its window unless the
+# engine's mask covers those keys. CI has 5.25, so these tests give its layer the older `update` (its
+# behaviour in a few lines: keep everything while recording, return everything) and rerun the windowed engine
+# tests; under a real 5.17 this whole file is the check (docs/architectures.md).
+
+
+def update_returning_recorded_past(self, key_states, value_states, *args, **kwargs):
+    """DynamicSlidingWindowLayer.update as transformers before 5.25 wrote it (behaviour, not its text)."""
+    if not self.is_initialized:
+        self.lazy_initialization(key_states, value_states)
+    self.cumulative_length += key_states.shape[-2]
+    keys = torch.cat([self.keys, key_states], dim=-2)
+    values = torch.cat([self.values, value_states], dim=-2)
+    if self.record_past:
+        self.keys, self.values = keys, values
+    else:
+        self.keys, self.values = keys[:, :, -self.sliding_window + 1:], values[:, :, -self.sliding_window + 1:]
+    return keys, values
+
+
+@pytest.fixture
+def older_sliding_layers(monkeypatch):
+    monkeypatch.setattr(DynamicSlidingWindowLayer, "update", update_returning_recorded_past)
+    attention_layout.returns_recorded_past.cache_clear()
+    yield
+    attention_layout.returns_recorded_past.cache_clear()
+
+
+def test_older_cache_probe_sees_the_recorded_past_returned(older_sliding_layers):
+    assert attention_layout.returns_recorded_past()
+
+
+def test_installed_cache_probe_answers_as_its_version_behaves():
+    import transformers
+    from packaging.version import Version
+
+    attention_layout.returns_recorded_past.cache_clear()
+    assert attention_layout.returns_recorded_past() == (Version(transformers.__version__) < Version("5.25"))
+
+
+@pytest.mark.parametrize("layers", [(2, 3, 5)])
+@pytest.mark.parametrize("arch", WINDOWED)
+def test_older_cache_layer_subset_drafter_across_the_window(arch, layers, older_sliding_layers):
+    """One-row passes past the window with no cut in between: the case the older cache breaks."""
+    test_a_layer_subset_drafter_across_the_window_equals_its_uncached_forward(arch, layers)
+
+
+@pytest.mark.parametrize("arch", WINDOWED)
+def test_older_cache_full_model_rows_past_the_window_without_a_cut(arch, older_sliding_layers):
+    """The full model's own path: one-row passes and a chain with more recorded keys than the window,
+    each equal to the uncached forward of its sequence."""
+    target = arch_target(arch)
+    seq = prompts()[1]
+    target.prefill(seq[:10])
+    for i in range(10, 20):
+        out = target.forward([seq[i]], [0]).logits[-1]
+        with torch.inference_mode():
+            ref = target.model(torch.tensor([seq[: i + 1]])).logits[0, -1].float()
+        torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+    target.truncate(14)
+    out = target.forward(seq[14:22], list(range(8))).logits
+    with torch.inference_mode():
+        ref = target.model(torch.tensor([seq[:22]])).logits[0, 14:].float()
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("arch", WINDOWED)
+def test_older_cache_tree_rows_compaction_and_slim_pass(arch, older_sliding_layers):
+    test_tree_rows_equal_sequential_forwards_across_the_window(arch)
+    test_keeping_a_non_contiguous_path_equals_a_fresh_prefill(arch)
+    test_a_slim_scratch_pass_leaves_every_cache_layer_as_it_was(arch)
+
+
+@pytest.mark.parametrize("name", ["ar", "ptd", "sd", "sd_slim", "dflash", "dominotree"])
+@pytest.mark.parametrize("arch", HYBRID)
+def test_older_cache_lossless_methods_equal_the_uncached_greedy_forward(arch, name, older_sliding_layers, tmp_path, monkeypatch):
+    """AR, drafters that make several passes before a cut (sd's early exit, sd_slim) and trees, on the
+    hybrid models: the model's own uncached greedy tokens, past the window."""
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    target = arch_target(arch)
+    method = build_method(name, target, tmp_path)
+    for prompt in prompts():
+        ours = generate(method, target, prompt, max_new_tokens=NEW_TOKENS).new_tokens
+        assert ours == uncached_greedy(target.model, prompt, NEW_TOKENS)
