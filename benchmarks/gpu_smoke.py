@@ -94,7 +94,7 @@ def compare_builders(target, folder, shape, prompt_ids, max_new_tokens) -> dict:
         generate(method, target, p, max_new_tokens=max_new_tokens)
     graphs: dict = {}
     times = {"fast": [], "reference": []}
-    equal = True
+    gaps = []  # per round whose trees differ: score_gap of the two trees
     for i, (root, draft) in enumerate(recorded):
         built = {}
         for kind in ("fast", "reference"):
@@ -111,12 +111,28 @@ def compare_builders(target, folder, shape, prompt_ids, max_new_tokens) -> dict:
             synchronize(target.device)
             if i:  # round 0 captures the CUDA graph: not timed
                 times[kind].append(time.perf_counter() - t0)
-        same = built["fast"].tree.tokens == built["reference"].tree.tokens and \
-            built["fast"].tree.parents == built["reference"].tree.parents
-        equal = equal and same
+        if built["fast"].tree.tokens != built["reference"].tree.tokens or \
+                built["fast"].tree.parents != built["reference"].tree.parents:
+            gaps.append(score_gap(built["fast"].scores, built["reference"].scores))
     ms = {k: round(1000 * sum(v) / max(1, len(v)), 3) for k, v in times.items()}
-    return {"rounds": len(recorded), "equal_trees": equal, "cuda_graph": "level" in graphs,
-            "fast_ms_per_tree": ms["fast"], "reference_ms_per_tree": ms["reference"]}
+    return {"rounds": len(recorded), "equal_trees": not gaps, "differing_rounds": len(gaps),
+            "near_tie_rounds": sum(g <= TREE_TIE_TOLERANCE for g in gaps), "max_score_gap": max(gaps, default=0.0),
+            "cuda_graph": "level" in graphs, "fast_ms_per_tree": ms["fast"], "reference_ms_per_tree": ms["reference"]}
+
+
+# Both builders keep the budget's best nodes by cumulative log-probability, with the head's math in fp32. Where
+# one GPU kernel rounds differently from another, two nodes whose scores are within rounding can swap (a
+# different, equally good tree); the best-first score lists then still agree to about 1e-5. A scoring bug moves
+# them far more.
+TREE_TIE_TOLERANCE = 1e-3
+
+
+def score_gap(a: list[float], b: list[float]) -> float:
+    """The largest difference between two trees' node scores, each list sorted best first (inf when the
+    trees have different sizes): small when the trees differ only by a near-tie swap."""
+    if len(a) != len(b):
+        return float("inf")
+    return max((abs(x - y) for x, y in zip(sorted(a, reverse=True), sorted(b, reverse=True))), default=0.0)
 
 
 @torch.inference_mode()
@@ -161,8 +177,11 @@ def print_builders(b: dict) -> None:
     if "error" in b:
         print(f"DominoTree builders: FAILED: {b['error']}", flush=True)
         return
-    print(f"DominoTree builders: {b['rounds']} rounds, equal trees: {b['equal_trees']}, CUDA graph: {b['cuda_graph']}, "
-          f"fast {b['fast_ms_per_tree']} ms/tree, reference {b['reference_ms_per_tree']} ms/tree", flush=True)
+    differ = "" if b["equal_trees"] else (f" ({b['differing_rounds']} rounds differ, {b['near_tie_rounds']} of them "
+                                          f"near-ties; largest score gap {b['max_score_gap']:.2g})")
+    print(f"DominoTree builders: {b['rounds']} rounds, equal trees: {b['equal_trees']}{differ}, CUDA graph: "
+          f"{b['cuda_graph']}, fast {b['fast_ms_per_tree']} ms/tree, reference {b['reference_ms_per_tree']} ms/tree",
+          flush=True)
 
 
 def print_curve(curve) -> None:
@@ -243,8 +262,11 @@ def main() -> int:
                  if r.get("diverged")]
     if "error" in report["builders"]:
         problems.append(f"the DominoTree builders' comparison crashed ({report['builders']['error']})")
-    elif not report["builders"]["equal_trees"]:
-        problems.append("the fast and reference DominoTree builders built different trees")
+    elif report["builders"]["differing_rounds"] > report["builders"]["near_tie_rounds"]:
+        b = report["builders"]
+        problems.append(f"the fast and reference DominoTree builders built different trees in "
+                        f"{b['differing_rounds'] - b['near_tie_rounds']} round(s) beyond a near-tie "
+                        f"(largest score gap {b['max_score_gap']:.3g})")
     if isinstance(report["cost_curve"], dict):
         problems.append(f"the forward-cost curve crashed ({report['cost_curve']['error']})")
     return finish(report, problems, save)

@@ -98,3 +98,28 @@ def test_gpu_smoke_without_a_gpu_says_so_in_one_line():
                           cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and proc.stdout.strip().splitlines() == [
         "gpu smoke: FAILED: no CUDA device is visible (on a CPU: --device cpu --tiny)"]
+
+
+def test_score_gap_is_small_for_a_near_tie_swap_and_large_otherwise():
+    smoke = load_smoke()
+    reference = [0.0, -0.5, -1.25, -1.2500001, -2.0]
+    swapped = [0.0, -0.5, -1.2500001, -1.25, -2.0]  # two nodes of (almost) equal score traded places
+    assert smoke.score_gap(reference, reference) == 0.0
+    assert smoke.score_gap(reference, swapped) < 1e-6 <= smoke.TREE_TIE_TOLERANCE
+    assert smoke.score_gap(reference, [0.0, -0.5, -1.25, -1.6, -2.0]) > smoke.TREE_TIE_TOLERANCE
+    assert smoke.score_gap(reference, reference[:-1]) == float("inf")
+
+
+@pytest.mark.parametrize("near_ties, verdict", [(2, "gpu smoke: ok"), (1, "gpu smoke: FAILED: the fast and reference")])
+def test_builders_that_differ_only_by_near_ties_pass_and_otherwise_fail(near_ties, verdict, tmp_path, monkeypatch, capsys):
+    smoke = load_smoke()
+    differing = {"rounds": 9, "equal_trees": False, "differing_rounds": 2, "near_tie_rounds": near_ties,
+                 "max_score_gap": 1e-6 if near_ties == 2 else 0.4, "cuda_graph": False,
+                 "fast_ms_per_tree": 1.0, "reference_ms_per_tree": 2.0}
+    monkeypatch.setattr(smoke, "compare_builders", lambda *args: differing)
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(sys, "argv", ["gpu_smoke.py", "--device", "cpu", "--tiny", "--methods", "ar",
+                                      "--max-rows", "2", "--out", str(tmp_path / "smoke.json")])
+    assert smoke.main() == (0 if near_ties == 2 else 1)
+    out = capsys.readouterr().out
+    assert "(2 rounds differ, " in out and out.strip().splitlines()[-1].startswith(verdict)
