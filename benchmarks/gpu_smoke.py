@@ -94,7 +94,7 @@ def compare_builders(target, folder, shape, prompt_ids, max_new_tokens) -> dict:
         generate(method, target, p, max_new_tokens=max_new_tokens)
     graphs: dict = {}
     times = {"fast": [], "reference": []}
-    gaps = []  # per round whose trees differ: score_gap of the two trees
+    gaps = []  # per round whose trees differ: tree_gap of the two trees (None: different sizes)
     for i, (root, draft) in enumerate(recorded):
         built = {}
         for kind in ("fast", "reference"):
@@ -113,26 +113,41 @@ def compare_builders(target, folder, shape, prompt_ids, max_new_tokens) -> dict:
                 times[kind].append(time.perf_counter() - t0)
         if built["fast"].tree.tokens != built["reference"].tree.tokens or \
                 built["fast"].tree.parents != built["reference"].tree.parents:
-            gaps.append(score_gap(built["fast"].scores, built["reference"].scores))
+            gaps.append(tree_gap(built["fast"], built["reference"]))
     ms = {k: round(1000 * sum(v) / max(1, len(v)), 3) for k, v in times.items()}
     return {"rounds": len(recorded), "equal_trees": not gaps, "differing_rounds": len(gaps),
-            "near_tie_rounds": sum(g <= TREE_TIE_TOLERANCE for g in gaps), "max_score_gap": max(gaps, default=0.0),
+            "near_tie_rounds": sum(g is not None and g <= TREE_TIE_TOLERANCE for g in gaps),
+            "size_mismatch_rounds": sum(g is None for g in gaps),
+            "max_score_gap": max((g for g in gaps if g is not None), default=0.0),
             "cuda_graph": "level" in graphs, "fast_ms_per_tree": ms["fast"], "reference_ms_per_tree": ms["reference"]}
 
 
 # Both builders keep the budget's best nodes by cumulative log-probability, with the head's math in fp32. Where
-# one GPU kernel rounds differently from another, two nodes whose scores are within rounding can swap (a
-# different, equally good tree); the best-first score lists then still agree to about 1e-5. A scoring bug moves
-# them far more.
+# one GPU kernel rounds differently from another, two nodes of almost equal score at the tree's cut-off can swap (a
+# different, equally good tree); every node both trees hold then has the same score to about 1e-5, and a node only
+# one holds scores about the other's lowest kept node. A scoring or linking bug moves them far more.
 TREE_TIE_TOLERANCE = 1e-3
 
 
-def score_gap(a: list[float], b: list[float]) -> float:
-    """The largest difference between two trees' node scores, each list sorted best first (inf when the
-    trees have different sizes): small when the trees differ only by a near-tie swap."""
-    if len(a) != len(b):
-        return float("inf")
-    return max((abs(x - y) for x, y in zip(sorted(a, reverse=True), sorted(b, reverse=True))), default=0.0)
+def tree_gap(a, b) -> float | None:
+    """How far two built trees are from a near-tie swap (0.0 when equal; None when their sizes differ): the largest
+    score difference of a node both hold (nodes matched by their token path from the root), and of a node only one
+    holds from the other tree's lowest kept score (a tie can only swap nodes at the cut-off)."""
+    pa, pb = scored_paths(a), scored_paths(b)
+    if len(pa) != len(pb):
+        return None
+    low_a, low_b = min(pa.values()), min(pb.values())
+    gaps = [abs(pa[p] - pb[p]) for p in pa.keys() & pb.keys()]
+    gaps += [abs(s - low_b) for p, s in pa.items() if p not in pb] + [abs(s - low_a) for p, s in pb.items() if p not in pa]
+    return max(gaps, default=0.0)
+
+
+def scored_paths(built) -> dict[tuple[int, ...], float]:
+    """{token path below the root: cumulative score} of a BuiltTree's nodes (parents come before children)."""
+    paths: list[tuple[int, ...]] = []
+    for token, parent in zip(built.tree.tokens, built.tree.parents):
+        paths.append(() if parent < 0 else paths[parent] + (token,))
+    return dict(zip(paths, built.scores))
 
 
 @torch.inference_mode()
@@ -178,7 +193,8 @@ def print_builders(b: dict) -> None:
         print(f"DominoTree builders: FAILED: {b['error']}", flush=True)
         return
     differ = "" if b["equal_trees"] else (f" ({b['differing_rounds']} rounds differ, {b['near_tie_rounds']} of them "
-                                          f"near-ties; largest score gap {b['max_score_gap']:.2g})")
+                                          f"near-ties, {b['size_mismatch_rounds']} in size; largest score gap "
+                                          f"{b['max_score_gap']:.2g})")
     print(f"DominoTree builders: {b['rounds']} rounds, equal trees: {b['equal_trees']}{differ}, CUDA graph: "
           f"{b['cuda_graph']}, fast {b['fast_ms_per_tree']} ms/tree, reference {b['reference_ms_per_tree']} ms/tree",
           flush=True)
@@ -266,7 +282,7 @@ def main() -> int:
         b = report["builders"]
         problems.append(f"the fast and reference DominoTree builders built different trees in "
                         f"{b['differing_rounds'] - b['near_tie_rounds']} round(s) beyond a near-tie "
-                        f"(largest score gap {b['max_score_gap']:.3g})")
+                        f"({b['size_mismatch_rounds']} in size; largest score gap {b['max_score_gap']:.3g})")
     if isinstance(report["cost_curve"], dict):
         problems.append(f"the forward-cost curve crashed ({report['cost_curve']['error']})")
     return finish(report, problems, save)

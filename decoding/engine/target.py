@@ -252,13 +252,12 @@ class TargetModel:
         writing its KV to its own cache layer by its layer index), final norm, head, soft-cap."""
         stack, head, types = self.model.model, self.model.lm_head, self.layout.types
         prefix = self.cache_len
-        sliding_keys = self._sliding_keys()
-        # plain causal chain after the cached prefix (one row needs no mask, unless a sliding layer returns keys
-        # past its window)
-        if mask is None and (len(tokens) > 1 or self._past_window(sliding_keys)):
+        # plain causal chain after the cached prefix (one row needs no mask: forward() has built one where a sliding
+        # layer returns keys past its window, and a prefill starts from an empty cache)
+        if mask is None and len(tokens) > 1:
             n = len(tokens)
             chain = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
-            mask = self.layout.masks(chain, positions, prefix, self.dtype, sliding_keys)
+            mask = self.layout.masks(chain, positions, prefix, self.dtype, self._sliding_keys())
         pos = positions[None]
         h = stack.embed_tokens(tokens[None])
         if self._rotary_per_type:

@@ -100,21 +100,36 @@ def test_gpu_smoke_without_a_gpu_says_so_in_one_line():
         "gpu smoke: FAILED: no CUDA device is visible (on a CPU: --device cpu --tiny)"]
 
 
-def test_score_gap_is_small_for_a_near_tie_swap_and_large_otherwise():
+def built(tokens, parents, scores):
+    from decoding.drafting.draft_tree import BuiltTree
+    from decoding.engine.tree import TokenTree
+
+    return BuiltTree(TokenTree(tokens, parents), scores)
+
+
+def test_tree_gap_tells_a_near_tie_swap_at_the_cut_off_from_a_wrong_tree():
     smoke = load_smoke()
-    reference = [0.0, -0.5, -1.25, -1.2500001, -2.0]
-    swapped = [0.0, -0.5, -1.2500001, -1.25, -2.0]  # two nodes of (almost) equal score traded places
-    assert smoke.score_gap(reference, reference) == 0.0
-    assert smoke.score_gap(reference, swapped) < 1e-6 <= smoke.TREE_TIE_TOLERANCE
-    assert smoke.score_gap(reference, [0.0, -0.5, -1.25, -1.6, -2.0]) > smoke.TREE_TIE_TOLERANCE
-    assert smoke.score_gap(reference, reference[:-1]) == float("inf")
+    # root 1; children 10 (-0.5) and 11 (-0.7); a third node at the cut-off: 20 under 10, or 21 under 11 (a near-tie)
+    reference = built([1, 10, 11, 20], [-1, 0, 0, 1], [0.0, -0.5, -0.7, -1.2500001])
+    assert smoke.tree_gap(reference, reference) == 0.0
+    swapped = built([1, 10, 11, 21], [-1, 0, 0, 2], [0.0, -0.5, -0.7, -1.25])
+    assert smoke.tree_gap(reference, swapped) < 1e-6 <= smoke.TREE_TIE_TOLERANCE
+    rescored = built([1, 10, 11, 20], [-1, 0, 0, 1], [0.0, -0.5, -0.9, -1.25])  # same tree, a score off by 0.2
+    assert smoke.tree_gap(reference, rescored) == pytest.approx(0.2)
+    # the same scores linked to the wrong parents (a bug in the fast builder's host-side linking): paths differ
+    relinked = built([1, 10, 11, 20], [-1, 0, 0, 2], [0.0, -0.5, -0.7, -1.2500001])
+    assert smoke.tree_gap(reference, relinked) < smoke.TREE_TIE_TOLERANCE  # only the cut-off node moved: a tie
+    deep = built([1, 10, 20, 11], [-1, 0, 1, 0], [0.0, -0.5, -0.6, -0.7])  # a node far above the cut-off misplaced
+    wrong = built([1, 10, 20, 11], [-1, 0, 0, 0], [0.0, -0.5, -0.6, -0.7])
+    assert smoke.tree_gap(deep, wrong) > smoke.TREE_TIE_TOLERANCE
+    assert smoke.tree_gap(reference, built([1, 10, 11], [-1, 0, 0], [0.0, -0.5, -0.7])) is None
 
 
 @pytest.mark.parametrize("near_ties, verdict", [(2, "gpu smoke: ok"), (1, "gpu smoke: FAILED: the fast and reference")])
 def test_builders_that_differ_only_by_near_ties_pass_and_otherwise_fail(near_ties, verdict, tmp_path, monkeypatch, capsys):
     smoke = load_smoke()
     differing = {"rounds": 9, "equal_trees": False, "differing_rounds": 2, "near_tie_rounds": near_ties,
-                 "max_score_gap": 1e-6 if near_ties == 2 else 0.4, "cuda_graph": False,
+                 "size_mismatch_rounds": 0, "max_score_gap": 1e-6 if near_ties == 2 else 0.4, "cuda_graph": False,
                  "fast_ms_per_tree": 1.0, "reference_ms_per_tree": 2.0}
     monkeypatch.setattr(smoke, "compare_builders", lambda *args: differing)
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
