@@ -7,7 +7,10 @@ On one GPU (default shape: Qwen3-1.7B's, random weights; a few minutes):
    then Domino with method.compile=true (`--compiled`; the torch.compile'd chain, Triton on a GPU);
 2. DominoTree's fast builder (depth by depth; on CUDA each depth is a CUDA-graph replay) against the
    reference builder on the drafts of a real run: equal trees, and each builder's ms per tree;
-3. the forward-cost curve: ms of one forward of n rows (n = 1 .. 1024) on a 512-token cache.
+3. the forward-cost curve: ms of one forward of n rows (n = 1 .. 1024) on a 512-token cache;
+4. every method again on a tiny random Gemma 3 (sliding and full layers, an 8-token window the prompts
+   cross), on the device in the same dtype: the engine's hybrid-attention paths (docs/architectures.md),
+   which the Qwen3 shape does not reach, under the device's own transformers.
 The drafters are random too, in the published layout (z-lab DFlash / Huang2020 Domino config
 fields and tensor names), so acceptance is low: this checks that everything runs and is correct
 on the device, not how fast a trained drafter is.
@@ -15,8 +18,8 @@ on the device, not how fast a trained drafter is.
     python benchmarks/gpu_smoke.py [--out gpu_smoke.json]            # a GPU
     python benchmarks/gpu_smoke.py --device cpu --tiny                # the same code, tiny shape, < 1 min (tests)
 
-Exits 1 if a method crashed, a lossless method diverged from AR beyond a near-tie, or the two tree
-builders disagreed; the last line says which.
+Exits 1 if a method crashed, a lossless method diverged from AR beyond a near-tie (either target), or the
+two tree builders disagreed beyond a near-tie; the last line says which.
 """
 
 from __future__ import annotations
@@ -273,9 +276,20 @@ def main() -> int:
                                                             if n <= args.max_rows])
     print_curve(report["cost_curve"])
     save()
-    problems = [f"{r['method']} crashed ({r['error']})" for r in report["methods"] if "error" in r]
-    problems += [f"{r['method']} diverged from AR on {r['diverged']} prompt(s)" for r in report["methods"]
-                 if r.get("diverged")]
+    report["hybrid"] = []
+
+    def on_hybrid_row(row: dict) -> None:
+        row["method"] = f"{HYBRID_ARCH}/{row['method']}"
+        report["hybrid"].append(row)
+        print_row(row)
+        save()
+
+    hybrid = section(run_hybrid, args.dtype, device, folder, names, max_new, on_hybrid_row)
+    rows = report["methods"] + report["hybrid"]
+    problems = [f"{r['method']} crashed ({r['error']})" for r in rows if "error" in r]
+    problems += [f"{r['method']} diverged from AR on {r['diverged']} prompt(s)" for r in rows if r.get("diverged")]
+    if isinstance(hybrid, dict):
+        problems.append(f"the {HYBRID_ARCH} target could not be built ({hybrid['error']})")
     if "error" in report["builders"]:
         problems.append(f"the DominoTree builders' comparison crashed ({report['builders']['error']})")
     elif report["builders"]["differing_rounds"] > report["builders"]["near_tie_rounds"]:
@@ -286,6 +300,16 @@ def main() -> int:
     if isinstance(report["cost_curve"], dict):
         problems.append(f"the forward-cost curve crashed ({report['cost_curve']['error']})")
     return finish(report, problems, save)
+
+
+HYBRID_ARCH = "gemma3"  # sliding + full layers, local/global rotary (pipeline/zoo.py ARCHITECTURES)
+
+
+def run_hybrid(dtype: str, device, folder: Path, names, max_new_tokens, on_row) -> list[dict]:
+    """Every method of `names` on a tiny random Gemma 3 on the device (random drafters of its shape)."""
+    target = random_target("tiny", getattr(torch, dtype), device, arch=HYBRID_ARCH)
+    prompt_ids = mixed_prompts(2, target.config.vocab_size - 1)  # 24 tokens each: past the 8-token window
+    return run_methods(target, folder / HYBRID_ARCH, "tiny", names, prompt_ids, max_new_tokens, on_row=on_row)
 
 
 def finish(report: dict, problems: list[str], save) -> int:

@@ -1,6 +1,7 @@
 """benchmarks/gpu_smoke.py runs on the CPU with the tiny shape (the same code a GPU runs), so CI
 exercises the GPU script: every method at T=0 and T=1 in bf16, the tie diagnosis, the DominoTree
-builders against each other and the forward-cost curve up to 1024 rows."""
+builders against each other, the forward-cost curve up to 1024 rows, and every method again on a
+hybrid-attention (Gemma 3) target."""
 
 import json
 import os
@@ -45,12 +46,17 @@ def test_gpu_smoke_runs_every_method_on_the_cpu_tiny_shape_with_only_the_gpu_ima
     assert all(r["diverged"] == 0 for r in lossless_t0)
     assert report["builders"]["equal_trees"] and report["builders"]["rounds"] > 0
     assert [r["rows"] for r in report["cost_curve"]][-1] == 1024
+    # every method again on the hybrid-attention target (sliding + full layers), lossless ones at most tied
+    hybrid = {(r["method"], r["T"]) for r in report["hybrid"] if "error" not in r}
+    assert hybrid == {(f"gemma3/{m}", t) for m in METHODS for t in (0.0, 1.0)}
+    assert all(r["diverged"] == 0 for r in report["hybrid"] if "diverged" in r)
     assert all(r["host_ms"] > 0 and r["tokens_per_s"] > 0 for r in report["methods"])
     # every row was printed as it was measured, before the sections after it
     lines = proc.stdout.splitlines()
-    assert sum(line.startswith("| ") and "| T |" not in line for line in lines) == len(report["methods"])
+    assert sum(line.startswith("| ") and "| T |" not in line for line in lines) == \
+        len(report["methods"]) + len(report["hybrid"])
     assert lines.index(next(line for line in lines if line.startswith("DominoTree builders"))) > \
-        max(i for i, line in enumerate(lines) if line.startswith("| "))
+        max(i for i, line in enumerate(lines) if line.startswith("| ") and not line.startswith("| gemma3/"))
 
 
 def load_smoke():
