@@ -263,12 +263,16 @@ def main() -> int:
     if names[0] != "ar":
         names.insert(0, "ar")  # the reference of the tie diagnosis
 
-    def on_row(row: dict) -> None:
-        report["methods"].append(row)
-        print_row(row)
-        save()
+    def recorder(rows: list, prefix: str = ""):
+        """Each measured row, labelled with `prefix`, into `rows`, printed and saved at once."""
+        def on_row(row: dict) -> None:
+            row["method"] = prefix + row["method"]
+            rows.append(row)
+            print_row(row)
+            save()
+        return on_row
 
-    run_methods(target, folder, shape, names, prompt_ids, max_new, compiled, on_row=on_row)
+    run_methods(target, folder, shape, names, prompt_ids, max_new, compiled, on_row=recorder(report["methods"]))
     report["builders"] = section(compare_builders, target, folder, shape, prompt_ids[:2], max_new)
     print_builders(report["builders"])
     save()
@@ -277,14 +281,7 @@ def main() -> int:
     print_curve(report["cost_curve"])
     save()
     report["hybrid"] = []
-
-    def on_hybrid_row(row: dict) -> None:
-        row["method"] = f"{HYBRID_ARCH}/{row['method']}"
-        report["hybrid"].append(row)
-        print_row(row)
-        save()
-
-    hybrid = section(run_hybrid, args.dtype, device, folder, names, max_new, on_hybrid_row)
+    hybrid = section(run_hybrid, args.dtype, device, folder, names, max_new, recorder(report["hybrid"], f"{HYBRID_ARCH}/"))
     rows = report["methods"] + report["hybrid"]
     problems = [f"{r['method']} crashed ({r['error']})" for r in rows if "error" in r]
     problems += [f"{r['method']} diverged from AR on {r['diverged']} prompt(s)" for r in rows if r.get("diverged")]
