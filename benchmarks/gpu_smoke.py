@@ -44,13 +44,20 @@ from pipeline.summary import tie_counts
 from pipeline.zoo import METHODS, build_method, host_overhead, mixed_prompts, random_target
 
 
-def run_methods(target, folder, shape, names, prompt_ids, max_new_tokens, compiled=(), on_row=None) -> list[dict]:
+def run_methods(target, folder, shape, names, prompt_ids, max_new_tokens, compiled=(), on_row=None,
+                deadline: float | None = None) -> list[dict]:
     """Every method of `names` at its defaults, then those of `compiled` with method.compile=true; each
-    row goes to `on_row` as soon as it is measured (a run cut short keeps what it printed)."""
+    row goes to `on_row` as soon as it is measured (a run cut short keeps what it printed). A method not
+    started by `deadline` (a perf_counter time) is a `skipped` row, so the later sections still run
+    inside the device's time limit."""
     rows, ar_outputs = [], None
     on_row = on_row or print_row
     for name, overrides in [(n, {}) for n in names] + [(n, {"compile": True}) for n in compiled]:
         label = name + (" compiled" if overrides else "")
+        if deadline is not None and time.perf_counter() > deadline:
+            rows.append({"method": label, "T": None, "skipped": "time budget"})
+            on_row(rows[-1])
+            continue
         try:
             method = build_method(name, target, folder, shape, **overrides)
         except Exception as err:  # a crash is a result here: report it and go on
@@ -187,6 +194,9 @@ def print_row(r: dict) -> None:
     if "error" in r:
         print(f"| {r['method']} | {r['T']} | FAILED: {r['error']} |", flush=True)
         return
+    if "skipped" in r:
+        print(f"| {r['method']} | – | skipped ({r['skipped']}) |", flush=True)
+        return
     print(f"| {r['method']} | {r['T']:g} | {r['tokens_per_s']:.1f} | {r['tau']:.2f} | {r['host_ms']:.3f} | "
           f"{r['forward_ms']:.3f} | {r.get('match', '–')} | {r.get('ties', '–')} | {r.get('diverged', '–')} |", flush=True)
 
@@ -229,6 +239,8 @@ def main() -> int:
     ap.add_argument("--compiled", default=None,
                     help="methods also run with method.compile=true (default domino; tiny: none, it compiles for ~1 min)")
     ap.add_argument("--max-rows", type=int, default=1024, help="largest row count of the cost curve")
+    ap.add_argument("--methods-budget-s", type=float, default=None,
+                    help="start no method of section 1 after this many seconds of it (the rest are skipped rows)")
     ap.add_argument("--out", default=None, help="write the report as JSON (rewritten after every section)")
     args = ap.parse_args()
     device = args.device or ("cuda" if torch.cuda.is_available() or not args.tiny else "cpu")
@@ -272,7 +284,9 @@ def main() -> int:
             save()
         return on_row
 
-    run_methods(target, folder, shape, names, prompt_ids, max_new, compiled, on_row=recorder(report["methods"]))
+    deadline = None if args.methods_budget_s is None else time.perf_counter() + args.methods_budget_s
+    run_methods(target, folder, shape, names, prompt_ids, max_new, compiled, on_row=recorder(report["methods"]),
+                deadline=deadline)
     report["builders"] = section(compare_builders, target, folder, shape, prompt_ids[:2], max_new)
     print_builders(report["builders"])
     save()
@@ -296,7 +310,8 @@ def main() -> int:
                         f"({b['size_mismatch_rounds']} in size; largest score gap {b['max_score_gap']:.3g})")
     if isinstance(report["cost_curve"], dict):
         problems.append(f"the forward-cost curve crashed ({report['cost_curve']['error']})")
-    return finish(report, problems, save)
+    skipped = [r["method"] for r in rows if "skipped" in r]
+    return finish(report, problems, save, skipped)
 
 
 HYBRID_ARCH = "gemma3"  # sliding + full layers, local/global rotary (pipeline/zoo.py ARCHITECTURES)
@@ -309,12 +324,16 @@ def run_hybrid(dtype: str, device, folder: Path, names, max_new_tokens, on_row) 
     return run_methods(target, folder / HYBRID_ARCH, "tiny", names, prompt_ids, max_new_tokens, on_row=on_row)
 
 
-def finish(report: dict, problems: list[str], save) -> int:
-    """The verdict, in the JSON too (a lost stdout keeps it) and as the last line."""
-    report["problems"] = problems
+def finish(report: dict, problems: list[str], save, skipped=()) -> int:
+    """The verdict, in the JSON too (a lost stdout keeps it) and as the last line; a run with skipped
+    methods is never `ok` (exit 2): it says what did not run."""
+    report["problems"], report["skipped"] = problems, list(skipped)
     save()
-    print(f"gpu smoke: {'FAILED: ' + '; '.join(problems) if problems else 'ok'} ({report['seconds']} s)", flush=True)
-    return 1 if problems else 0
+    verdict = "FAILED: " + "; ".join(problems) if problems else "incomplete" if skipped else "ok"
+    if skipped:
+        verdict += f" (skipped for time: {', '.join(skipped)})"
+    print(f"gpu smoke: {verdict} ({report['seconds']} s)", flush=True)
+    return 1 if problems else 2 if skipped else 0
 
 
 if __name__ == "__main__":

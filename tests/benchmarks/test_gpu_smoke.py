@@ -144,3 +144,20 @@ def test_builders_that_differ_only_by_near_ties_pass_and_otherwise_fail(near_tie
     assert smoke.main() == (0 if near_ties == 2 else 1)
     out = capsys.readouterr().out
     assert "(2 rounds differ, " in out and out.strip().splitlines()[-1].startswith(verdict)
+
+
+def test_methods_past_the_time_budget_are_skipped_rows_and_the_run_is_incomplete_not_ok(tmp_path, monkeypatch, capsys):
+    smoke = load_smoke()
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "smoke.json"
+    monkeypatch.setattr(sys, "argv", ["gpu_smoke.py", "--device", "cpu", "--tiny", "--methods", "ar,pld",
+                                      "--methods-budget-s", "0", "--max-rows", "2", "--out", str(out)])
+    assert smoke.main() == 2
+    report = json.loads(out.read_text())
+    assert report["methods"] == [{"method": "ar", "T": None, "skipped": "time budget"},
+                                 {"method": "pld", "T": None, "skipped": "time budget"}]
+    assert report["skipped"] == ["ar", "pld"] and report["problems"] == []
+    assert [r["rows"] for r in report["cost_curve"]] == [1, 2]  # the later sections still ran
+    assert {r["method"] for r in report["hybrid"]} == {"gemma3/ar", "gemma3/pld"}  # the budget is section 1's
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("gpu smoke: incomplete (skipped for time: ar, pld)")
