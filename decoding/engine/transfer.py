@@ -15,10 +15,16 @@ import torch
 
 def to_device(data, device: torch.device | str, dtype: torch.dtype = torch.long) -> torch.Tensor:
     device = torch.device(device)
-    host = torch.as_tensor(data, dtype=dtype)
-    if device.type != "cuda":
-        return host.to(device)
-    return host.pin_memory().to(device, non_blocking=True)
+    if not goes_through_pinned_memory(data, device):
+        return torch.as_tensor(data, dtype=dtype).to(device)
+    return torch.as_tensor(data, dtype=dtype).pin_memory().to(device, non_blocking=True)
+
+
+def goes_through_pinned_memory(data, device: torch.device) -> bool:
+    """Host data bound for a GPU. A tensor already on a device (e.g. a mask built there) is not host
+    data: only dense CPU tensors can be pinned, so pinning it raises (seen on an H200)."""
+    on_device = isinstance(data, torch.Tensor) and data.device.type != "cpu"
+    return device.type == "cuda" and not on_device
 
 
 def synchronize(device: torch.device | str) -> None:

@@ -160,4 +160,20 @@ def test_methods_past_the_time_budget_are_skipped_rows_and_the_run_is_incomplete
     assert [r["rows"] for r in report["cost_curve"]] == [1, 2]  # the later sections still ran
     assert {r["method"] for r in report["hybrid"]} == {"gemma3/ar", "gemma3/pld"}  # the budget is section 1's
     last = capsys.readouterr().out.strip().splitlines()[-1]
-    assert last.startswith("gpu smoke: incomplete (skipped for time: ar, pld)")
+    assert last.startswith("gpu smoke: incomplete (not run: ar, pld)")
+
+
+def test_a_second_call_runs_only_the_named_sections_and_methods_and_says_what_it_left_out(tmp_path, monkeypatch, capsys):
+    smoke = load_smoke()
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "smoke.json"
+    monkeypatch.setattr(sys, "argv", ["gpu_smoke.py", "--device", "cpu", "--tiny", "--methods", "ar,pld",
+                                      "--hybrid-methods", "sd", "--sections", "methods,hybrid", "--out", str(out)])
+    assert smoke.main() == 2
+    report = json.loads(out.read_text())
+    assert [(r["method"], r["T"]) for r in report["methods"]] == [("ar", 0.0), ("ar", 1.0), ("pld", 0.0), ("pld", 1.0)]
+    assert [r["method"] for r in report["hybrid"]] == ["gemma3/ar", "gemma3/ar", "gemma3/sd", "gemma3/sd"]
+    assert report["builders"] == {"skipped": "--sections"} and report["cost_curve"] == []
+    assert report["skipped"] == ["section builders", "section curve"] and report["problems"] == []
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith(
+        "gpu smoke: incomplete (not run: section builders, section curve)")

@@ -6,12 +6,27 @@ from types import SimpleNamespace
 import torch
 
 from decoding.engine import loop
-from decoding.engine.transfer import synchronize, to_host
+from decoding.engine.transfer import goes_through_pinned_memory, synchronize, to_device, to_host
 
 
 def test_to_host_packs_ints_and_floats_in_one_copy():
     ids, values = to_host(torch.tensor([[3, 4]]), torch.tensor([0.5, -1.25]))
     assert ids == [3, 4] and all(isinstance(i, int) for i in ids) and values == [0.5, -1.25]
+
+
+def test_only_host_data_bound_for_a_gpu_goes_through_pinned_memory():
+    """Only dense CPU tensors can be pinned: a mask built on the GPU (TargetModel.forward's chain mask for
+    a sliding layer that returns its recorded past) crashed every drafter method on Gemma 3 on an H200
+    ("cannot pin 'CUDABoolType'")."""
+    import numpy as np
+
+    cuda = torch.device("cuda")
+    assert all(goes_through_pinned_memory(data, cuda) for data in ([1, 2], np.array([1, 2]), torch.ones(2)))
+    assert not goes_through_pinned_memory(torch.ones(2, 2, dtype=torch.bool, device="meta"), cuda)  # on a device
+    assert not goes_through_pinned_memory([1, 2], torch.device("cpu"))
+    on_device = torch.ones(2, 2, dtype=torch.bool, device="meta")
+    moved = to_device(on_device, "meta", torch.bool)
+    assert moved.device.type == "meta" and moved.dtype == torch.bool
 
 
 def test_synchronize_waits_for_the_given_cuda_device_only(monkeypatch):
