@@ -67,6 +67,7 @@ def run_methods(target, folder, shape, names, prompt_ids, max_new_tokens, compil
         for temperature in (0.0, 1.0):
             row = {"method": label, "T": temperature}
             try:  # the run and its tie diagnosis: either may crash on a device, and that is this row's result
+                row["sm_clock_mhz"] = warm_device(target.device)
                 r = host_overhead(method, target, prompt_ids, max_new_tokens, temperature)
                 outputs = r.pop("outputs")
                 row.update({k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()})
@@ -84,6 +85,26 @@ def run_methods(target, folder, shape, names, prompt_ids, max_new_tokens, compil
             rows.append(row)
             on_row(row)
     return rows
+
+
+def warm_device(device, seconds: float = 0.3) -> int | None:
+    """On CUDA, matrix products for `seconds` before a timed row, then the SM clock (MHz; None where NVML
+    cannot say). On the first H200 run (2026-12-04) the first temperature of most methods ran its forwards
+    up to 4x slower than the second (tiny Gemma 3 AR: 30-35 against 7.4 ms), after seconds of host-only
+    work building the method: a GPU left idle clocks down. Not established; the clock is recorded to tell."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    a = torch.randn(2048, 2048, device=device, dtype=torch.bfloat16)
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        for _ in range(20):
+            a = torch.tanh(a @ a)
+        synchronize(device)
+    try:
+        return int(torch.cuda.clock_rate(device))
+    except Exception:  # no NVML
+        return None
 
 
 def compare_builders(target, folder, shape, prompt_ids, max_new_tokens) -> dict:
