@@ -35,6 +35,7 @@ class BuiltTree:
     tree: TokenTree
     scores: list[float] = field(default_factory=list)  # cumulative log-prob per node (root 0.0)
     stopped_early: bool = False  # `admit` refused a node before the budget ran out
+    ranks_read: int = 0  # the deepest rank of any child list the build looked at, plus one
 
 
 def build_best_first(root: int, expand: Expand, budget: int, max_depth: int,
@@ -43,6 +44,7 @@ def build_best_first(root: int, expand: Expand, budget: int, max_depth: int,
     candidates: list[tuple[list[int], list[float]]] = []
     heap: list[tuple[float, int, int, int]] = []  # (-score, push order, parent, rank)
     pushes = 0
+    reach = 1  # every opened node's best child is read
 
     def open_node(index: int) -> None:
         nonlocal pushes
@@ -65,11 +67,13 @@ def build_best_first(root: int, expand: Expand, budget: int, max_depth: int,
         parents.append(parent)
         depths.append(depths[parent] + 1)
         scores.append(-neg)
-        if rank + 1 < len(kid_tokens) and kid_logprobs[rank + 1] > NEG_INF:
-            heapq.heappush(heap, (-(scores[parent] + kid_logprobs[rank + 1]), pushes, parent, rank + 1))
-            pushes += 1
+        if rank + 1 < len(kid_tokens):
+            reach = max(reach, rank + 2)
+            if kid_logprobs[rank + 1] > NEG_INF:
+                heapq.heappush(heap, (-(scores[parent] + kid_logprobs[rank + 1]), pushes, parent, rank + 1))
+                pushes += 1
         open_node(len(tokens) - 1)
-    return BuiltTree(TokenTree(tokens, parents), scores, stopped)
+    return BuiltTree(TokenTree(tokens, parents), scores, stopped, reach)
 
 
 NEG_INF = float("-inf")

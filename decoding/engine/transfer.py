@@ -41,13 +41,13 @@ def to_host(*tensors: torch.Tensor) -> list[list]:
         return []
     if len(tensors) == 1:  # no packing needed: one copy as it is
         values = tensors[0].reshape(-1).tolist()
-        return [values if tensors[0].is_floating_point() else [int(v) for v in values]]
+        return [values if tensors[0].is_floating_point() else list(map(int, values))]
     # the first one in float64 makes torch.cat promote the others to it: one conversion, one copy
     values = torch.cat([tensors[0].reshape(-1).to(torch.float64), *(t.reshape(-1) for t in tensors[1:])]).tolist()
     out, start = [], 0
     for t in tensors:
         n = t.numel()
         part = values[start:start + n]
-        out.append([int(v) for v in part] if not (t.is_floating_point() or t.is_complex()) else part)
+        out.append(list(map(int, part)) if not (t.is_floating_point() or t.is_complex()) else part)
         start += n
     return out
