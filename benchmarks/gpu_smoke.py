@@ -19,7 +19,8 @@ on the device, not how fast a trained drafter is.
     python benchmarks/gpu_smoke.py --device cpu --tiny                # the same code, tiny shape, < 1 min (tests)
 
 Exits 1 if a method crashed, a lossless method diverged from AR beyond a near-tie (either target), or the
-two tree builders disagreed beyond a near-tie; the last line says which.
+two tree builders disagreed beyond a near-tie; 3 ("incomplete") if nothing failed but a method or section did
+not run (`--methods-budget-s`, `--sections`); the last line says which.
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ from decoding.engine.transfer import synchronize
 from pipeline.errors import named_line
 from pipeline.summary import tie_counts
 from pipeline.zoo import METHODS, build_method, host_overhead, mixed_prompts, random_target
+
+SECTIONS = {"methods", "builders", "curve", "hybrid"}  # 1-4 of the docstring
 
 
 def run_methods(target, folder, shape, names, prompt_ids, max_new_tokens, compiled=(), on_row=None,
@@ -67,8 +70,10 @@ def run_methods(target, folder, shape, names, prompt_ids, max_new_tokens, compil
         for temperature in (0.0, 1.0):
             row = {"method": label, "T": temperature}
             try:  # the run and its tie diagnosis: either may crash on a device, and that is this row's result
-                row["sm_clock_mhz"] = warm_device(target.device)
+                clock_before = warm_device(target.device)
                 r = host_overhead(method, target, prompt_ids, max_new_tokens, temperature)
+                if clock_before is not None:  # SM MHz after the warm-up and after the row (CUDA)
+                    row["sm_clock_mhz"] = [clock_before, sm_clock(target.device)]
                 outputs = r.pop("outputs")
                 row.update({k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()})
                 row["tokens_per_s"] = round(r["tokens_per_step"] / (r["wall_ms"] / 1000), 2) if r["wall_ms"] else 0.0
@@ -88,10 +93,11 @@ def run_methods(target, folder, shape, names, prompt_ids, max_new_tokens, compil
 
 
 def warm_device(device, seconds: float = 0.3) -> int | None:
-    """On CUDA, matrix products for `seconds` before a timed row, then the SM clock (MHz; None where NVML
-    cannot say). On the first H200 run (2026-12-04) the first temperature of most methods ran its forwards
-    up to 4x slower than the second (tiny Gemma 3 AR: 30-35 against 7.4 ms), after seconds of host-only
-    work building the method: a GPU left idle clocks down. Not established; the clock is recorded to tell."""
+    """On CUDA, matrix products for `seconds` before a timed row, then the SM clock (`sm_clock`). On the
+    first H200 run (2026-12-04) forward times moved up to 4x between rows of the same shapes (tiny Gemma 3
+    AR: 30-35 ms at T=0 against 7.4 at T=1), mostly in the row run first after seconds of host-only work
+    building the method. Suspected, not established: a GPU clocked down while idle, or the host's speed
+    (the forward is host-bound there). The clocks recorded before and after each row are a first clue."""
     device = torch.device(device)
     if device.type != "cuda":
         return None
@@ -101,8 +107,13 @@ def warm_device(device, seconds: float = 0.3) -> int | None:
         for _ in range(20):
             a = torch.tanh(a @ a)
         synchronize(device)
+    return sm_clock(device)
+
+
+def sm_clock(device) -> int | None:
+    """The GPU's SM clock in MHz now (None where NVML cannot say)."""
     try:
-        return int(torch.cuda.clock_rate(device))
+        return int(torch.cuda.clock_rate(torch.device(device)))
     except Exception:  # no NVML
         return None
 
@@ -300,8 +311,7 @@ def main() -> int:
     prompt_ids = mixed_prompts(n_prompts, target.config.vocab_size - 1)
     names = [m for m in args.methods.split(",") if m]
     compiled = [m for m in (args.compiled if args.compiled is not None else "" if args.tiny else "domino").split(",") if m]
-    if names[0] != "ar":
-        names.insert(0, "ar")  # the reference of the tie diagnosis
+    names = with_ar_first(names)
 
     def recorder(rows: list, prefix: str = ""):
         """Each measured row, labelled with `prefix`, into `rows`, printed and saved at once."""
@@ -312,9 +322,10 @@ def main() -> int:
             save()
         return on_row
 
-    report["builders"], report["cost_curve"], report["hybrid"] = {"skipped": "--sections"}, [], []
-    if "methods" in sections:
-        warm_up(target, folder, shape, prompt_ids[0])
+    report["sections_run"] = sorted(sections)
+    not_run = {"skipped": "--sections"}
+    report["builders"], report["cost_curve"], report["hybrid"] = not_run, not_run, []
+    if "methods" in sections:  # host_overhead warms each method up (untimed) before its timed runs
         deadline = None if args.methods_budget_s is None else time.perf_counter() + args.methods_budget_s
         run_methods(target, folder, shape, names, prompt_ids, max_new, compiled, on_row=recorder(report["methods"]),
                     deadline=deadline)
@@ -329,8 +340,7 @@ def main() -> int:
         save()
     hybrid = None
     if "hybrid" in sections:
-        hybrid_names = [m for m in (args.hybrid_methods or args.methods).split(",") if m]
-        hybrid_names = hybrid_names if hybrid_names[:1] == ["ar"] else ["ar", *hybrid_names]
+        hybrid_names = with_ar_first([m for m in (args.hybrid_methods or args.methods).split(",") if m])
         hybrid = section(run_hybrid, args.dtype, device, folder, hybrid_names, max_new,
                          recorder(report["hybrid"], f"{HYBRID_ARCH}/"))
     rows = report["methods"] + report["hybrid"]
@@ -338,31 +348,22 @@ def main() -> int:
     problems += [f"{r['method']} diverged from AR on {r['diverged']} prompt(s)" for r in rows if r.get("diverged")]
     if isinstance(hybrid, dict):
         problems.append(f"the {HYBRID_ARCH} target could not be built ({hybrid['error']})")
-    if "skipped" in report["builders"]:
-        pass
-    elif "error" in report["builders"]:
+    if "error" in report["builders"]:
         problems.append(f"the DominoTree builders' comparison crashed ({report['builders']['error']})")
-    elif report["builders"]["differing_rounds"] > report["builders"]["near_tie_rounds"]:
+    elif report["builders"].get("differing_rounds", 0) > report["builders"].get("near_tie_rounds", 0):
         b = report["builders"]
         problems.append(f"the fast and reference DominoTree builders built different trees in "
                         f"{b['differing_rounds'] - b['near_tie_rounds']} round(s) beyond a near-tie "
                         f"({b['size_mismatch_rounds']} in size; largest score gap {b['max_score_gap']:.3g})")
-    if isinstance(report["cost_curve"], dict):  # section() returned its error
+    if isinstance(report["cost_curve"], dict) and "error" in report["cost_curve"]:  # section() caught a crash
         problems.append(f"the forward-cost curve crashed ({report['cost_curve']['error']})")
     skipped = [f"section {name}" for name in sorted(SECTIONS - sections)] + [r["method"] for r in rows if "skipped" in r]
     return finish(report, problems, save, skipped)
 
 
-SECTIONS = {"methods", "builders", "curve", "hybrid"}
-
-
-def warm_up(target, folder, shape, prompt) -> None:
-    """One short untimed AR run: the device's first kernels (CUDA context, cuBLAS handles, allocator)
-    would otherwise land in the first row (AR at T=0 measured 44 ms per forward against 30 at T=1)."""
-    from decoding.engine.loop import generate
-
-    generate(build_method("ar", target, folder, shape), target, prompt, max_new_tokens=4)
-    synchronize(target.device)
+def with_ar_first(names: list[str]) -> list[str]:
+    """AR runs first: it is the reference of the tie diagnosis."""
+    return names if names[:1] == ["ar"] else ["ar", *[n for n in names if n != "ar"]]
 
 
 HYBRID_ARCH = "gemma3"  # sliding + full layers, local/global rotary (pipeline/zoo.py ARCHITECTURES)
@@ -376,15 +377,15 @@ def run_hybrid(dtype: str, device, folder: Path, names, max_new_tokens, on_row) 
 
 
 def finish(report: dict, problems: list[str], save, skipped=()) -> int:
-    """The verdict, in the JSON too (a lost stdout keeps it) and as the last line; a run with skipped
-    methods is never `ok` (exit 2): it says what did not run."""
+    """The verdict, in the JSON too (a lost stdout keeps it) and as the last line; a run where a method or
+    section did not run is never `ok` (exit 3; 2 is argparse's usage error): it says what did not run."""
     report["problems"], report["skipped"] = problems, list(skipped)
     save()
     verdict = "FAILED: " + "; ".join(problems) if problems else "incomplete" if skipped else "ok"
     if skipped:
         verdict += f" (not run: {', '.join(skipped)})"
     print(f"gpu smoke: {verdict} ({report['seconds']} s)", flush=True)
-    return 1 if problems else 2 if skipped else 0
+    return 1 if problems else 3 if skipped else 0
 
 
 if __name__ == "__main__":

@@ -288,7 +288,7 @@ def host_overhead(method, target: TargetModel, prompts: list[list[int]], max_new
     generate(method, target, prompts[0], max_new_tokens=min(8, max_new_tokens), temperature=temperature)  # warm-up
     wall = fwd = 0.0
     steps = tokens = all_steps = 0
-    outputs, tau_steps, tau_accepted = [], 0, 0
+    outputs, tau_steps, tau_accepted, drafted = [], 0, 0, 0
     counter = HostOpCounter() if count_ops else None
     counted_calls = 0  # of the prompts measured (a prompt of one step is not)
     for i, prompt in enumerate(prompts):
@@ -312,6 +312,7 @@ def host_overhead(method, target: TargetModel, prompts: list[list[int]], max_new
         outputs.append(state.new_tokens)
         tau_steps += state.stats.num_steps
         tau_accepted += state.stats.num_accepted_tokens
+        drafted += state.stats.num_draft_tokens
         # the first step's callback marks the start: step 1 is excluded, steps 2.. are measured
         measured = state.stats.num_steps - 1
         if measured <= 0:
@@ -325,7 +326,9 @@ def host_overhead(method, target: TargetModel, prompts: list[list[int]], max_new
     steps = max(steps, 1)
     out = {"steps": steps, "wall_ms": 1000 * wall / steps, "forward_ms": 1000 * fwd / steps,
            "host_ms": 1000 * (wall - fwd) / steps, "tokens_per_step": tokens / max(1, all_steps),
-           "tau": (tau_accepted + tau_steps) / max(1, tau_steps), "outputs": outputs}
+           "tau": (tau_accepted + tau_steps) / max(1, tau_steps),
+           "draft_tokens_per_step": drafted / max(1, tau_steps),  # a tree method's nodes per tree
+           "outputs": outputs}
     if counter is not None:
         out["host_ops"] = counted_calls / steps
     return out

@@ -80,6 +80,13 @@ NEG_INF = float("-inf")
 FIRST_READ = 32  # children per depth read at first; a tree that needs more reads more (rare)
 
 
+def first_read_after(ranks_read: int) -> int:
+    """Ranks per depth to read first for a tree like the last one (`BuiltTree.ranks_read`): twice what it
+    looked at. A tree looks at far fewer ranks than it has nodes (a 1024-node tree on a 152k vocabulary:
+    17-84 in bench_marginal_reads.py unless the distributions are flat), and each rank read is host work."""
+    return max(FIRST_READ, 2 * ranks_read)
+
+
 class _Ranked:
     """The best-first children of one depth as a sequence of length `width`, read from the device
     in growing chunks: a large cap (CaDDTree's 1024) costs the host only the ranks a tree reaches."""

@@ -15,7 +15,7 @@ from typing import Optional
 import torch
 
 from decoding.methods.block_draft import BlockDraftMethod
-from decoding.drafting.draft_tree import FIRST_READ, build_best_first, marginal_expand
+from decoding.drafting.draft_tree import build_best_first, first_read_after, marginal_expand
 from decoding.engine.loop import DecodeState, Proposal
 from decoding.engine.target import TargetModel
 from decoding.drafting.verify_cost import (CostAwareStop, admissible_node_grid, cached_cost_model, machine_key,
@@ -93,9 +93,8 @@ class CaDDTree(BlockDraftMethod):
     def propose(self, state: DecodeState) -> Proposal:
         logits = self.draft_pass(state).logits
         cap = self.config.max_budget
-        # trees change little from one round to the next: read twice the ranks the last one looked at (a
-        # 1024-node tree looks at far fewer than 1024 of any depth, and reading them all cost the host ~4 ms)
-        expand = marginal_expand(logits, cap, first_read=max(FIRST_READ, 2 * self.last_ranks))
+        # trees change little from one round to the next: first read what the last one needed
+        expand = marginal_expand(logits, cap, first_read=first_read_after(self.last_ranks))
         built = build_best_first(state.root, expand, cap, max_depth=len(logits),
                                  admit=CostAwareStop(self.cost, self.target.cache_len))
         self.last_ranks = built.ranks_read

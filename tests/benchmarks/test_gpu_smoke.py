@@ -51,6 +51,8 @@ def test_gpu_smoke_runs_every_method_on_the_cpu_tiny_shape_with_only_the_gpu_ima
     assert hybrid == {(f"gemma3/{m}", t) for m in METHODS for t in (0.0, 1.0)}
     assert all(r["diverged"] == 0 for r in report["hybrid"] if "diverged" in r)
     assert all(r["host_ms"] > 0 and r["tokens_per_s"] > 0 for r in report["methods"])
+    drafted = {r["method"]: r["draft_tokens_per_step"] for r in report["methods"] if r["T"] == 0.0}
+    assert drafted["ar"] == 0 and drafted["caddtree"] >= 1 and drafted["ddtree"] == 16  # a tree's nodes per step
     # every row was printed as it was measured, before the sections after it
     lines = proc.stdout.splitlines()
     assert sum(line.startswith("| ") and "| T |" not in line for line in lines) == \
@@ -152,7 +154,7 @@ def test_methods_past_the_time_budget_are_skipped_rows_and_the_run_is_incomplete
     out = tmp_path / "smoke.json"
     monkeypatch.setattr(sys, "argv", ["gpu_smoke.py", "--device", "cpu", "--tiny", "--methods", "ar,pld",
                                       "--methods-budget-s", "0", "--max-rows", "2", "--out", str(out)])
-    assert smoke.main() == 2
+    assert smoke.main() == 3
     report = json.loads(out.read_text())
     assert report["methods"] == [{"method": "ar", "T": None, "skipped": "time budget"},
                                  {"method": "pld", "T": None, "skipped": "time budget"}]
@@ -169,11 +171,35 @@ def test_a_second_call_runs_only_the_named_sections_and_methods_and_says_what_it
     out = tmp_path / "smoke.json"
     monkeypatch.setattr(sys, "argv", ["gpu_smoke.py", "--device", "cpu", "--tiny", "--methods", "ar,pld",
                                       "--hybrid-methods", "sd", "--sections", "methods,hybrid", "--out", str(out)])
-    assert smoke.main() == 2
+    assert smoke.main() == 3
     report = json.loads(out.read_text())
     assert [(r["method"], r["T"]) for r in report["methods"]] == [("ar", 0.0), ("ar", 1.0), ("pld", 0.0), ("pld", 1.0)]
     assert [r["method"] for r in report["hybrid"]] == ["gemma3/ar", "gemma3/ar", "gemma3/sd", "gemma3/sd"]
-    assert report["builders"] == {"skipped": "--sections"} and report["cost_curve"] == []
+    assert report["builders"] == report["cost_curve"] == {"skipped": "--sections"}
+    assert report["sections_run"] == ["hybrid", "methods"]
     assert report["skipped"] == ["section builders", "section curve"] and report["problems"] == []
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith(
         "gpu smoke: incomplete (not run: section builders, section curve)")
+
+
+def test_a_failure_and_a_section_not_run_are_both_in_the_verdict(tmp_path, monkeypatch, capsys):
+    smoke = load_smoke()
+
+    def broken(*args):
+        raise RuntimeError("no curve")
+
+    monkeypatch.setattr(smoke, "cost_curve", broken)
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(sys, "argv", ["gpu_smoke.py", "--device", "cpu", "--tiny", "--methods", "ar",
+                                      "--sections", "methods,curve", "--out", str(tmp_path / "smoke.json")])
+    assert smoke.main() == 1
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("gpu smoke: FAILED: the forward-cost curve crashed (RuntimeError: no curve) "
+                           "(not run: section builders, section hybrid)")
+
+
+def test_an_unknown_section_is_refused_in_one_line_before_anything_runs():
+    proc = subprocess.run([sys.executable, "benchmarks/gpu_smoke.py", "--device", "cpu", "--tiny", "--sections",
+                           "methods,curves"], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and proc.stdout.strip().splitlines() == [
+        "gpu smoke: FAILED: unknown section(s) ['curves'] (known: ['builders', 'curve', 'hybrid', 'methods'])"]
