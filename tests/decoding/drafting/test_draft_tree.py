@@ -10,7 +10,7 @@ import torch
 
 from decoding.drafting.domino_head import Float32Head, correction, gru_path_state
 from decoding.drafting.domino_scorer import LevelBuilder, ReferenceScorer
-from decoding.drafting.draft_tree import build_best_first, marginal_expand
+from decoding.drafting.draft_tree import build_best_first, first_read_after, marginal_expand
 from decoding.drafting.verify_cost import CostAwareStop, VerifyCostModel, fit_monotone_convex
 
 
@@ -90,6 +90,9 @@ def test_a_tree_rebuilt_from_the_ranks_the_last_one_read_needs_no_further_read(s
     assert rereads == []
     assert again.tree.tokens == reference.tree.tokens and again.tree.parents == reference.tree.parents
     assert again.ranks_read == reference.ranks_read
+    rule = build_best_first(7, marginal_expand(logits, 300, first_read=first_read_after(reference.ranks_read)),
+                            budget=120, max_depth=4)  # CaDDTree's next-round rule reads at least that much
+    assert rereads == [] and rule.tree.tokens == reference.tree.tokens
     if reference.ranks_read > 1:  # one rank fewer is not enough
         short = build_best_first(7, marginal_expand(logits, 300, first_read=reference.ranks_read - 1), budget=120,
                                  max_depth=4)
