@@ -148,52 +148,50 @@ def test_builders_that_differ_only_by_near_ties_pass_and_otherwise_fail(near_tie
     assert "(2 rounds differ, " in out and out.strip().splitlines()[-1].startswith(verdict)
 
 
-def test_methods_past_the_time_budget_are_skipped_rows_and_the_run_is_incomplete_not_ok(tmp_path, monkeypatch, capsys):
+def run_smoke(tmp_path, monkeypatch, capsys, *args, **replaced):
+    """gpu_smoke's main on the tiny CPU shape with `args`, its functions `replaced` -> (exit code, JSON report,
+    last printed line)."""
     smoke = load_smoke()
+    for name, fn in replaced.items():
+        monkeypatch.setattr(smoke, name, fn)
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "smoke.json"
-    monkeypatch.setattr(sys, "argv", ["gpu_smoke.py", "--device", "cpu", "--tiny", "--methods", "ar,pld",
-                                      "--methods-budget-s", "0", "--max-rows", "2", "--out", str(out)])
-    assert smoke.main() == 3
-    report = json.loads(out.read_text())
+    monkeypatch.setattr(sys, "argv", ["gpu_smoke.py", "--device", "cpu", "--tiny", *args, "--out", str(out)])
+    code = smoke.main()
+    return code, json.loads(out.read_text()), capsys.readouterr().out.strip().splitlines()[-1]
+
+
+def test_methods_past_the_time_budget_are_skipped_rows_and_the_run_is_incomplete_not_ok(tmp_path, monkeypatch, capsys):
+    code, report, last = run_smoke(tmp_path, monkeypatch, capsys, "--methods", "ar,pld", "--methods-budget-s", "0",
+                                   "--max-rows", "2")
+    assert code == 3
     assert report["methods"] == [{"method": "ar", "T": None, "skipped": "time budget"},
                                  {"method": "pld", "T": None, "skipped": "time budget"}]
     assert report["skipped"] == ["ar", "pld"] and report["problems"] == []
     assert [r["rows"] for r in report["cost_curve"]] == [1, 2]  # the later sections still ran
     assert {r["method"] for r in report["hybrid"]} == {"gemma3/ar", "gemma3/pld"}  # the budget is section 1's
-    last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last.startswith("gpu smoke: incomplete (not run: ar, pld)")
 
 
 def test_a_second_call_runs_only_the_named_sections_and_methods_and_says_what_it_left_out(tmp_path, monkeypatch, capsys):
-    smoke = load_smoke()
-    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
-    out = tmp_path / "smoke.json"
-    monkeypatch.setattr(sys, "argv", ["gpu_smoke.py", "--device", "cpu", "--tiny", "--methods", "ar,pld",
-                                      "--hybrid-methods", "sd", "--sections", "methods,hybrid", "--out", str(out)])
-    assert smoke.main() == 3
-    report = json.loads(out.read_text())
+    code, report, last = run_smoke(tmp_path, monkeypatch, capsys, "--methods", "ar,pld", "--hybrid-methods", "sd",
+                                   "--sections", "methods,hybrid")
+    assert code == 3
     assert [(r["method"], r["T"]) for r in report["methods"]] == [("ar", 0.0), ("ar", 1.0), ("pld", 0.0), ("pld", 1.0)]
     assert [r["method"] for r in report["hybrid"]] == ["gemma3/ar", "gemma3/ar", "gemma3/sd", "gemma3/sd"]
     assert report["builders"] == report["cost_curve"] == {"skipped": "--sections"}
     assert report["sections_run"] == ["hybrid", "methods"]
     assert report["skipped"] == ["section builders", "section curve"] and report["problems"] == []
-    assert capsys.readouterr().out.strip().splitlines()[-1].startswith(
-        "gpu smoke: incomplete (not run: section builders, section curve)")
+    assert last.startswith("gpu smoke: incomplete (not run: section builders, section curve)")
 
 
 def test_a_failure_and_a_section_not_run_are_both_in_the_verdict(tmp_path, monkeypatch, capsys):
-    smoke = load_smoke()
-
     def broken(*args):
         raise RuntimeError("no curve")
 
-    monkeypatch.setattr(smoke, "cost_curve", broken)
-    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(sys, "argv", ["gpu_smoke.py", "--device", "cpu", "--tiny", "--methods", "ar",
-                                      "--sections", "methods,curve", "--out", str(tmp_path / "smoke.json")])
-    assert smoke.main() == 1
-    last = capsys.readouterr().out.strip().splitlines()[-1]
+    code, report, last = run_smoke(tmp_path, monkeypatch, capsys, "--methods", "ar", "--sections", "methods,curve",
+                                   cost_curve=broken)
+    assert code == 1 and report["cost_curve"] == {"error": "RuntimeError: no curve"}
     assert last.startswith("gpu smoke: FAILED: the forward-cost curve crashed (RuntimeError: no curve) "
                            "(not run: section builders, section hybrid)")
 
