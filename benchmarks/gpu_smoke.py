@@ -110,6 +110,18 @@ def warm_device(device, seconds: float = 0.3) -> int | None:
     return sm_clock(device)
 
 
+def gpu_driver() -> str | None:
+    """The NVIDIA driver version (NVML), so the JSON says which driver a GPU table ran on."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        version = pynvml.nvmlSystemGetDriverVersion()
+        return version.decode() if isinstance(version, bytes) else version
+    except Exception:  # no NVML
+        return None
+
+
 def sm_clock(device) -> int | None:
     """The GPU's SM clock in MHz now (None where NVML cannot say)."""
     try:
@@ -217,7 +229,7 @@ def cost_curve(target, context: int, sizes: list[int], repeats: int = 3) -> list
 
 def print_header(report: dict) -> None:
     print(f"device {report['device']}  shape {report['shape']}  dtype {report['dtype']}  torch {report['torch']}  "
-          f"transformers {report['transformers']}", flush=True)
+          f"transformers {report['transformers']}  driver {report['driver']}", flush=True)
     print("| method | T | tok/s | τ | host ms/step | fwd ms/step | match | ties | diverged |")
     print("|---|---|---|---|---|---|---|---|---|", flush=True)
 
@@ -296,6 +308,7 @@ def main() -> int:
     os.environ.setdefault("SPECDEC_CACHE", str(folder / "cache"))  # the CaDDTree cost profile of this random model
     t0 = time.perf_counter()
     report = {"device": torch.cuda.get_device_name(torch.device(device)) if torch.device(device).type == "cuda" else "cpu",
+              "driver": gpu_driver() if torch.device(device).type == "cuda" else None,
               "shape": shape, "dtype": args.dtype, "torch": torch.__version__, "transformers": transformers.__version__,
               "methods": []}
 
