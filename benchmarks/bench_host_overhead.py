@@ -7,7 +7,7 @@ that mix repeated text (drafts get accepted) and random tokens (drafts get rejec
 Goal: <= 0.5 ms per step for every method (on a GPU the forward of a big model is tens of ms, but
 the host work of a step is serial with it unless it is this small).
 
-    python benchmarks/bench_host_overhead.py [--methods ar,pld,ptd] [--compiled domino] [--prompts 4]
+    python benchmarks/bench_host_overhead.py [--methods ar,pld,ptd] [--compiled domino] [--prompts 4] [--layers 36]
         [--max-new-tokens 64]
 
 `--compiled` (default domino): methods also measured with method.compile=true (their rows say
@@ -37,6 +37,8 @@ def main() -> None:
     ap.add_argument("--temperatures", default="0,1")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--device", default="cpu")
+    # the tiny model's depth (6): the engine's per-layer cache work shows on deeper stacks (real models: 24-36)
+    ap.add_argument("--layers", type=int, default=6)
     # also measured with method.compile=true (decoding/engine/compiled.py); each compiles once per temperature
     # branch (~30 s on a CPU core), and these rows are not the defaults the worst line is about
     ap.add_argument("--compiled", default="domino")
@@ -47,9 +49,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     folder = tempfile.mkdtemp(prefix="host_overhead_")
     os.environ.setdefault("SPECDEC_CACHE", folder)  # the CaDDTree cost profile of the random model
-    target = random_target("tiny", dtype=torch.float32, device=args.device)
+    target = random_target("tiny", dtype=torch.float32, device=args.device, num_layers=args.layers)
     rows = []
-    print(f"tiny random Qwen3 (6 layers, hidden 64, vocab 512), fp32, {args.device}, threads={torch.get_num_threads()}, "
+    print(f"tiny random Qwen3 ({args.layers} layers, hidden 64, vocab 512), fp32, {args.device}, threads={torch.get_num_threads()}, "
           f"{args.prompts} prompts x {args.max_new_tokens} tokens")
     print(f"{'method':22s} {'T':>3s} {'steps':>6s} {'tok/step':>8s} {'wall ms':>8s} {'fwd ms':>8s} {'host ms':>8s}"
           + (f" {'host ops':>8s}" if args.count_ops else ""))

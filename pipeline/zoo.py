@@ -66,13 +66,18 @@ def mixed_prompts(count: int, high: int) -> list[list[int]]:
             for i in range(count)]
 
 
-def random_config(shape: str = "tiny", arch: str = "qwen3", init_range: float = 0.2):
-    """The config of a random `arch` model (one of ARCHITECTURES) of `shape` (one of SHAPES)."""
+def random_config(shape: str = "tiny", arch: str = "qwen3", init_range: float = 0.2, num_layers: int | None = None):
+    """The config of a random `arch` model (one of ARCHITECTURES) of `shape` (one of SHAPES); `num_layers`
+    overrides the shape's depth (architectures without a fixed list of layer types)."""
     import transformers
 
     fields, _ = SHAPES[shape]
     class_name, extra = ARCHITECTURES[arch]
     fields = {**fields, **extra}
+    if num_layers is not None:
+        if "layer_types" in fields:
+            raise ValueError(f"random_config: {arch} has a fixed list of layer types; num_layers cannot change it")
+        fields["num_hidden_layers"] = num_layers
     attn = fields.pop("attn_implementation", None)
     config = getattr(transformers, class_name)(**fields, max_position_embeddings=4096, initializer_range=init_range,
                                                 eos_token_id=2, bos_token_id=1, pad_token_id=0,
@@ -83,12 +88,12 @@ def random_config(shape: str = "tiny", arch: str = "qwen3", init_range: float = 
 
 
 def random_target(shape: str = "tiny", dtype=torch.float32, device="cpu", seed: int = 0,
-                  init_range: float = 0.2, arch: str = "qwen3") -> TargetModel:
+                  init_range: float = 0.2, arch: str = "qwen3", num_layers: int | None = None) -> TargetModel:
     """Random weights; `init_range` 0.2 (not the usual 0.02) gives peaked next-token distributions,
     so greedy outputs are not decided by near-ties everywhere."""
     from transformers import AutoModelForCausalLM
 
-    config = random_config(shape, arch, init_range)
+    config = random_config(shape, arch, init_range, num_layers)
     torch.manual_seed(seed)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)

@@ -30,6 +30,7 @@ from transformers import DynamicCache
 
 from decoding.engine import attention_layout
 from decoding.engine.attention_layout import AttentionLayout
+from decoding.engine.kv_cache import BufferedLayer, buffered_cache
 from decoding.engine.transfer import to_device
 from decoding.engine.tree import TokenTree
 
@@ -87,6 +88,7 @@ class TargetModel:
         self._logit_softcap = getattr(self.config, "final_logit_softcapping", None)
         self.context_limit: int | None = getattr(self.config, "max_position_embeddings", None)
         self.cache: DynamicCache | None = None
+        self._buffered: list[BufferedLayer] = []  # the cache's full-attention layers (decoding/engine/kv_cache.py)
         # decode-time passes through this wrapper's weights (prefill excluded): the raw count, and the
         # cost-weighted count in full-model units (a pass over k of the model's L layers counts k/L)
         self.num_forwards = 0
@@ -94,7 +96,8 @@ class TargetModel:
 
     # ------------------------------------------------------------------ cache
     def reset(self) -> None:
-        self.cache = DynamicCache(config=self.config)
+        full = {i for i, t in enumerate(self.layout.types) if t == attention_layout.FULL}
+        self.cache, self._buffered = buffered_cache(self.config, self.layers, full)
         attention_layout.record_past(self.cache)
         self.num_forwards = 0
         self.forward_cost = 0.0
@@ -119,15 +122,18 @@ class TargetModel:
 
         Our own gather: DynamicCache.crop(0) is a no-op in transformers 5 and crop() cannot drop
         non-contiguous rows of a tree. Rows that already sit in place (the accepted path's leading
-        run) are left alone; the others are copied down in place, then every layer is cut: no
-        layer is copied whole. A sliding layer's rows are found through its offset.
+        run) are left alone; the others are copied down in place, then every layer is cut. The
+        full-attention layers share one buffer, moved in one gather for all of them
+        (decoding/engine/kv_cache.py); a sliding layer's rows are found through its offset.
         """
         moved = next((i for i, r in enumerate(rows) if r != i), len(rows))
         if moved < len(rows):
             kept = to_device([r + prefix_len for r in rows[moved:]], self.device)  # cache slots of a full layer
             start = prefix_len + moved
+            for buffer in {id(layer.buffer): layer.buffer for layer in self._buffered}.values():
+                buffer.move_rows(kept, start)
             indices = {}  # (offset, device) -> the kept rows' slots in such a layer
-            for layer in self._cached_layers():
+            for layer in self._sliding_cached():
                 first = attention_layout.offset(layer)
                 key = (first, layer.keys.device)  # a device_map spreads layers over devices
                 if key not in indices:
@@ -141,11 +147,18 @@ class TargetModel:
     def truncate(self, length: int) -> None:
         """Keep the first `length` cached tokens of every layer (a sliding layer: the last
         window - 1 of them)."""
-        for layer in self._cached_layers():
+        for layer in self._buffered:
+            if layer.length > length:
+                layer.length = length
+        for layer in self._sliding_cached():
             attention_layout.cut(layer, length)
 
-    def _cached_layers(self):
-        return [layer for layer in self.cache.layers if layer.keys is not None and layer.keys.numel() > 0]
+    def _sliding_cached(self):
+        """The cache's layers that are not buffered (sliding ones) and hold keys."""
+        if len(self._buffered) == len(self.cache.layers):
+            return []
+        return [layer for layer in self.cache.layers if not isinstance(layer, BufferedLayer)
+                and layer.keys is not None and layer.keys.numel() > 0]
 
     def _sliding_keys(self) -> int | None:
         """How many cached keys a sliding layer returns in front of the next block where the installed
@@ -222,6 +235,7 @@ class TargetModel:
     def forward_tree(self, tree: TokenTree, hidden_layers: tuple[int, ...] = ()) -> ForwardOutput:
         return self.forward(tree.tokens, tree.depths, None if tree.is_chain else tree.ancestor_array(), hidden_layers)
 
+    @torch.inference_mode()
     def _run(self, tokens, positions, mask, hidden_layers, last_only: bool = False, layers=None) -> ForwardOutput:
         if self.exit_head is not None or (layers is not None and len(layers) < self.num_layers):
             return self._run_layers(tokens, positions, mask, hidden_layers, last_only, layers)
@@ -245,6 +259,7 @@ class TargetModel:
             hidden = {i: out.hidden_states[i + 1][0] for i in hidden_layers}
         return ForwardOutput(out.logits[0].float(), hidden)
 
+    @torch.inference_mode()
     def _run_layers(self, tokens, positions, mask, hidden_layers, last_only, layers) -> ForwardOutput:
         """The decoder stack with only `layers` (skipped layers pass the residual stream through
         and write no KV), built from the model's own modules: embeddings, rotary embedding (per

@@ -1,0 +1,164 @@
+"""The target's KV cache: transformers' DynamicCache, with the full-attention layers a wrapper runs
+keeping their keys and values in one shared buffer that grows, instead of one tensor per layer.
+
+Why: a step of a tree method cuts the cache back to the accepted rows and, when the accepted path
+is not the block's leading rows, moves those rows down. With transformers' DynamicLayer both are a
+few tensor operations per layer (slices, a gather and a copy each for keys and values), ~0.27 ms of
+host time per step on a 36-layer model against 6 layers (`benchmarks/bench_host_overhead.py
+--layers`), and its `update` concatenates each forward's rows onto the whole cache (a copy of every
+layer every forward). Here:
+- a forward writes only its new rows into the buffer (which grows by half when full);
+- cutting the cache sets an integer per layer;
+- moving accepted rows is one gather and one copy for all the buffer's layers at once
+  (`KVBuffer.move_rows`), whatever the model's depth.
+
+`BufferedLayer` is a DynamicLayer (transformers' masks, lengths and types read it as one) whose keys
+and values are views of its slot of the buffer. Sliding-window layers (Gemma 2/3, Mistral) keep
+transformers' own layer, handled by decoding/engine/attention_layout.py. A layer whose keys do not
+match the buffer's shape, dtype or device (a device_map across GPUs, different head sizes) gets a
+buffer of its own.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+MIN_CAPACITY = 256  # rows allocated at least, so short runs never grow the buffer
+
+
+class KVBuffer:
+    """Keys [slots, batch, heads, capacity, head_dim] and values (their own head_dim) of `slots`
+    layers; allocated by the first write, grown by half (at least to what a write needs)."""
+
+    def __init__(self, slots: int, min_capacity: int = MIN_CAPACITY):
+        self.slots, self.min_capacity = slots, min_capacity
+        self.keys: torch.Tensor | None = None
+        self.values: torch.Tensor | None = None
+        self.capacity = 0  # rows per slot
+        self.generation = 0  # bumped when the tensors are (re)allocated: the layers' slot views are then stale
+
+    def fits(self, keys: torch.Tensor, values: torch.Tensor) -> bool:
+        if self.keys is None:
+            return True
+        return (keys.shape[:2] == self.keys.shape[1:3] and keys.shape[-1] == self.keys.shape[-1]
+                and values.shape[-1] == self.values.shape[-1] and keys.dtype == self.keys.dtype
+                and keys.device == self.keys.device)
+
+    def reserve(self, keys: torch.Tensor, values: torch.Tensor, end: int) -> None:
+        """Room for `end` rows in every slot (allocated like `keys`/`values` on the first call)."""
+        if end <= self.capacity:
+            return
+        self.generation += 1
+        if self.keys is None:
+            self.capacity = max(end, self.min_capacity)
+            shape = (self.slots, *keys.shape[:2], self.capacity)
+            self.keys = keys.new_empty(*shape, keys.shape[-1])
+            self.values = values.new_empty(*shape, values.shape[-1])
+        else:
+            old, self.capacity = self.capacity, max(end, self.capacity + self.capacity // 2)
+            grown_keys = self.keys.new_empty(*self.keys.shape[:3], self.capacity, self.keys.shape[-1])
+            grown_values = self.values.new_empty(*self.values.shape[:3], self.capacity, self.values.shape[-1])
+            grown_keys[:, :, :, :old] = self.keys
+            grown_values[:, :, :, :old] = self.values
+            self.keys, self.values = grown_keys, grown_values
+
+    def move_rows(self, rows: torch.Tensor, start: int) -> None:
+        """Every slot's rows `rows` (positions, increasing, each >= start + its index) to start, start + 1, ...:
+        one gather and one copy for keys, the same for values."""
+        if self.keys is None:
+            return
+        end = start + len(rows)
+        rows = rows.to(self.keys.device)
+        self.keys[:, :, :, start:end] = self.keys.index_select(3, rows)
+        self.values[:, :, :, start:end] = self.values.index_select(3, rows)
+
+
+class BufferedLayer(DynamicLayer):
+    """A full-attention layer whose keys and values are its slot of a KVBuffer, `length` rows long.
+    It keeps views of its slot ([batch, heads, capacity, head_dim]) so that a forward's update is two
+    row writes and two prefix views, about what DynamicLayer's two concatenations cost on the host."""
+
+    def __init__(self, buffer: KVBuffer, slot: int):
+        self.buffer, self.slot, self.length = buffer, slot, 0
+        self._generation, self._slot_keys, self._slot_values = -1, None, None
+        super().__init__()
+
+    def _slot_views(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._generation != self.buffer.generation:
+            self._generation = self.buffer.generation
+            self._slot_keys, self._slot_values = self.buffer.keys[self.slot], self.buffer.values[self.slot]
+        return self._slot_keys, self._slot_values
+
+    @property
+    def keys(self) -> torch.Tensor | None:
+        return self._slot_views()[0][:, :, :self.length] if self.is_initialized else None
+
+    @keys.setter
+    def keys(self, value: torch.Tensor | None) -> None:
+        # transformers assigns None when it resets a layer and a prefix of the keys when it crops one
+        if value is not None:
+            self._assign(value, is_keys=True)
+
+    @property
+    def values(self) -> torch.Tensor | None:
+        return self._slot_views()[1][:, :, :self.length] if self.is_initialized else None
+
+    @values.setter
+    def values(self, value: torch.Tensor | None) -> None:
+        if value is not None:
+            self._assign(value, is_keys=False)
+
+    def _assign(self, value: torch.Tensor, is_keys: bool) -> None:
+        """transformers assigns keys, then values (a crop: leading views of both). The keys set the
+        length; values that are a view of the stored ones are already in place."""
+        stored = self.keys if is_keys else self.values
+        if stored is not None and value.data_ptr() == stored.data_ptr():
+            if is_keys:
+                self.length = min(value.shape[-2], self.length)
+            return
+        if not self.is_initialized:
+            raise ValueError("BufferedLayer: assign keys to a layer only after its first update")
+        self.buffer.reserve(value, value, value.shape[-2])
+        self._slot_views()[0 if is_keys else 1][:, :, :value.shape[-2]] = value
+        if is_keys:
+            self.length = value.shape[-2]
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.device = key_states.device
+        if not self.buffer.fits(key_states, value_states):  # another device or shape: a buffer of its own
+            self.buffer, self.slot = KVBuffer(1, self.buffer.min_capacity), 0
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        start, end = self.length, self.length + key_states.shape[-2]
+        self.buffer.reserve(key_states, value_states, end)
+        keys, values = self._slot_views()
+        keys[:, :, start:end] = key_states
+        values[:, :, start:end] = value_states
+        self.length = end
+        return keys[:, :, :end], values[:, :, :end]
+
+    def get_seq_length(self) -> int:
+        return self.length if self.is_initialized else 0
+
+    def reset(self) -> None:
+        self.length = 0
+        self.is_initialized = False
+
+
+def buffered_cache(config, layers: tuple[int, ...], full_layers: set[int],
+                   min_capacity: int = MIN_CAPACITY) -> tuple[DynamicCache, list[BufferedLayer]]:
+    """transformers' DynamicCache for `config`, whose full-attention layers among `layers` share one
+    KVBuffer (the others, and layers this wrapper never runs, stay as transformers makes them)."""
+    cache = DynamicCache(config=config)
+    shared = [i for i in layers if i in full_layers and type(cache.layers[i]) is DynamicLayer]
+    buffer = KVBuffer(len(shared), min_capacity)
+    buffered = []
+    for slot, i in enumerate(shared):
+        cache.layers[i] = BufferedLayer(buffer, slot)
+        buffered.append(cache.layers[i])
+    return cache, buffered

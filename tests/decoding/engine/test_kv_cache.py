@@ -1,0 +1,96 @@
+"""The shared KV buffer of the full-attention layers (decoding/engine/kv_cache.py)."""
+
+import pytest
+import torch
+
+from decoding.engine.kv_cache import BufferedLayer, KVBuffer, buffered_cache
+from decoding.engine.tree import TokenTree
+
+
+def rows(n: int, start: float = 0.0, heads: int = 2, dim: int = 4) -> torch.Tensor:
+    return torch.arange(start, start + heads * n * dim).reshape(1, heads, n, dim)
+
+
+def test_a_layer_grows_past_its_capacity_and_keeps_every_row():
+    layer = BufferedLayer(KVBuffer(1, min_capacity=4), 0)
+    parts = [rows(3), rows(2, 100), rows(5, 200)]  # 3 fit, 5 need a first growth, 10 a second
+    for part in parts:
+        keys, values = layer.update(part, -part)
+    expected = torch.cat(parts, dim=2)
+    assert torch.equal(keys, expected) and torch.equal(values, -expected)
+    assert layer.get_seq_length() == 10 and layer.buffer.capacity >= 10
+
+
+def test_a_crop_through_transformers_own_api_cuts_the_layer():
+    layer = BufferedLayer(KVBuffer(1, min_capacity=4), 0)
+    layer.update(rows(6), rows(6))
+    layer.crop(-2)  # DynamicLayer.crop assigns a leading view of the keys: only the length changes
+    assert layer.get_seq_length() == 4 and torch.equal(layer.keys, rows(6)[:, :, :4])
+    keys, _ = layer.update(rows(1, 500), rows(1, 500))
+    assert torch.equal(keys[:, :, 4:], rows(1, 500))
+
+
+def test_a_layer_of_another_shape_gets_a_buffer_of_its_own():
+    shared = KVBuffer(2)
+    first, second = BufferedLayer(shared, 0), BufferedLayer(shared, 1)
+    first.update(rows(3, dim=4), rows(3, dim=4))
+    second.update(rows(3, dim=8), rows(3, dim=8))  # e.g. a different head size
+    assert first.buffer is shared and second.buffer is not shared
+    assert torch.equal(second.keys, rows(3, dim=8)) and torch.equal(first.keys, rows(3, dim=4))
+
+
+def test_move_rows_compacts_every_slot_at_once():
+    buffer = KVBuffer(3, min_capacity=8)
+    layers = [BufferedLayer(buffer, slot) for slot in range(3)]
+    for slot, layer in enumerate(layers):
+        layer.update(rows(6, 1000 * slot), rows(6, 1000 * slot))
+    buffer.move_rows(torch.tensor([3, 5]), start=1)  # keep rows 0, 3, 5
+    for slot, layer in enumerate(layers):
+        layer.length = 3
+        assert torch.equal(layer.keys, rows(6, 1000 * slot)[:, :, [0, 3, 5]])
+
+
+def test_only_the_full_attention_layers_a_wrapper_runs_are_buffered(tiny_target):
+    from decoding.engine.attention_layout import FULL
+
+    full = {i for i, t in enumerate(tiny_target.layout.types) if t == FULL}
+    cache, buffered = buffered_cache(tiny_target.config, (0, 2, 3), full)
+    assert [cache.layers.index(layer) for layer in buffered] == [0, 2, 3]
+    assert not isinstance(cache.layers[1], BufferedLayer)
+    assert len({id(layer.buffer) for layer in buffered}) == 1 and buffered[0].buffer.slots == 3
+
+
+class CountCalls(torch.overrides.TorchFunctionMode):
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.calls += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("shape", ["llama", "qwen3"])
+def test_cutting_and_compacting_the_cache_costs_the_same_ops_at_any_depth(shape):
+    """A tree step's keep_rows on a 2-layer and a 12-layer model of one architecture makes the same
+    number of torch calls: the layers share one buffer, moved and cut as one."""
+    from pipeline.zoo import random_config
+    from transformers import AutoModelForCausalLM
+
+    from decoding.engine.target import TargetModel
+
+    counts = []
+    for layers in (2, 12):
+        config = random_config("tiny", "qwen3" if shape == "qwen3" else "llama")
+        config.num_hidden_layers = layers
+        if getattr(config, "layer_types", None) is not None:
+            config.layer_types = ["full_attention"] * layers
+        torch.manual_seed(0)
+        target = TargetModel(AutoModelForCausalLM.from_config(config).eval())
+        target.prefill(list(range(10, 40)))
+        target.forward_tree(TokenTree.from_sequences(40, [[41, 42], [43, 44, 45]]))
+        with CountCalls() as counter:
+            target.keep_rows(30, [0, 3, 4, 5])  # root + the second branch: rows move
+        counts.append(counter.calls)
+        assert target.cache_len == 34
+    assert counts[0] == counts[1]
