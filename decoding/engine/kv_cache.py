@@ -14,9 +14,13 @@ layer every forward). Here:
 
 `BufferedLayer` is a DynamicLayer (transformers' masks, lengths and types read it as one) whose keys
 and values are views of its slot of the buffer. Sliding-window layers (Gemma 2/3, Mistral) keep
-transformers' own layer, handled by decoding/engine/attention_layout.py. A layer whose keys do not
-match the buffer's shape, dtype or device (a device_map across GPUs, different head sizes) gets a
-buffer of its own.
+transformers' own layer, handled by decoding/engine/attention_layout.py, one by one as before. Under
+a device_map there is one buffer per device; a layer whose keys do not match its buffer's shape or
+dtype (different head sizes) gets a buffer of its own.
+
+Memory: the buffer is sized at the prefill for the prompt, the answer and a block of draft rows
+(`generate`), so it rarely grows; a growth holds the old and the new buffer at once (2.5x the cache
+for a moment, where DynamicLayer's concatenation holds the cache plus one layer).
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ class KVBuffer:
 
     def reserve(self, keys: torch.Tensor, values: torch.Tensor, end: int) -> None:
         """Room for `end` rows in every slot (allocated like `keys`/`values` on the first call)."""
-        if end <= self.capacity:
+        if self.keys is not None and end <= self.capacity:
             return
         self.generation += 1
         if self.keys is None:
@@ -82,12 +86,13 @@ class BufferedLayer(DynamicLayer):
 
     def __init__(self, buffer: KVBuffer, slot: int):
         self.buffer, self.slot, self.length = buffer, slot, 0
-        self._generation, self._slot_keys, self._slot_values = -1, None, None
+        self._views_of, self._slot_keys, self._slot_values = None, None, None
         super().__init__()
 
     def _slot_views(self) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._generation != self.buffer.generation:
-            self._generation = self.buffer.generation
+        """Views of this layer's slot, remade when the buffer is another one or was reallocated."""
+        if self._views_of != (self.buffer, self.buffer.generation):
+            self._views_of = (self.buffer, self.buffer.generation)
             self._slot_keys, self._slot_values = self.buffer.keys[self.slot], self.buffer.values[self.slot]
         return self._slot_keys, self._slot_values
 
@@ -149,16 +154,28 @@ class BufferedLayer(DynamicLayer):
         self.length = 0
         self.is_initialized = False
 
+    def offload(self):
+        raise NotImplementedError("BufferedLayer: the engine's KV buffer cannot be offloaded (build the cache "
+                                  "without offloading)")
 
-def buffered_cache(config, layers: tuple[int, ...], full_layers: set[int],
-                   min_capacity: int = MIN_CAPACITY) -> tuple[DynamicCache, list[BufferedLayer]]:
+    prefetch = offload
+
+
+def buffered_cache(config, layers: tuple[int, ...], full_layers: set[int], devices: dict | None = None,
+                   min_capacity: int | None = None) -> tuple[DynamicCache, list[BufferedLayer]]:
     """transformers' DynamicCache for `config`, whose full-attention layers among `layers` share one
-    KVBuffer (the others, and layers this wrapper never runs, stay as transformers makes them)."""
+    KVBuffer per device (`devices`: layer -> the device its weights are on, under a device_map; the
+    others, and layers this wrapper never runs, stay as transformers makes them). `min_capacity`:
+    rows allocated at first (default MIN_CAPACITY), e.g. the prompt plus the tokens to generate."""
     cache = DynamicCache(config=config)
+    capacity = max(MIN_CAPACITY, min_capacity or 0)
     shared = [i for i in layers if i in full_layers and type(cache.layers[i]) is DynamicLayer]
-    buffer = KVBuffer(len(shared), min_capacity)
+    device_of = {i: (devices or {}).get(i) for i in shared}
+    per_device = {d: [i for i in shared if device_of[i] == d] for d in dict.fromkeys(device_of.values())}
     buffered = []
-    for slot, i in enumerate(shared):
-        cache.layers[i] = BufferedLayer(buffer, slot)
-        buffered.append(cache.layers[i])
+    for members in per_device.values():
+        buffer = KVBuffer(len(members), capacity)
+        for slot, i in enumerate(members):
+            cache.layers[i] = BufferedLayer(buffer, slot)
+            buffered.append(cache.layers[i])
     return cache, buffered

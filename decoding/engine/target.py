@@ -78,6 +78,8 @@ class TargetModel:
         # would swallow a wrongly named cache: no KV written, no error); a layer naming neither: the model's name
         decoder = getattr(getattr(model, "model", None), "layers", None)
         layer_params = inspect.signature(decoder[0].forward).parameters if decoder else {}
+        # where each of this wrapper's layers keeps its weights (a device_map spreads them): one KV buffer per device
+        self._layer_devices = {i: next(decoder[i].parameters()).device for i in self.layers} if decoder else {}
         self._layer_cache_kw = cache_argument(layer_params, fallback=self._cache_kw)
         self.layout = AttentionLayout.of(self.config)  # the decoder layers' attention types and windows
         # one of this wrapper's sliding layers (they are cut in step), read where transformers < 5.25
@@ -95,9 +97,11 @@ class TargetModel:
         self.forward_cost = 0.0
 
     # ------------------------------------------------------------------ cache
-    def reset(self) -> None:
+    def reset(self, rows_expected: int = 0) -> None:
+        """A new, empty cache; `rows_expected` (the prompt plus the tokens to generate) sizes its KV buffer,
+        which otherwise grows by half when full (a copy, during which old and new buffers coexist)."""
         full = {i for i, t in enumerate(self.layout.types) if t == attention_layout.FULL}
-        self.cache, self._buffered = buffered_cache(self.config, self.layers, full)
+        self.cache, self._buffered = buffered_cache(self.config, self.layers, full, self._layer_devices, rows_expected)
         attention_layout.record_past(self.cache)
         self.num_forwards = 0
         self.forward_cost = 0.0
@@ -175,10 +179,11 @@ class TargetModel:
 
     # ---------------------------------------------------------------- forward
     @torch.inference_mode()
-    def prefill(self, ids: list[int], hidden_layers: tuple[int, ...] = ()) -> ForwardOutput:
+    def prefill(self, ids: list[int], hidden_layers: tuple[int, ...] = (), rows_expected: int = 0) -> ForwardOutput:
         """Reset the cache and run `ids` through the model (all of them are cached). Logits come
-        back for the last row only (no [n, V] matrix over the prompt); hidden taps for every row."""
-        self.reset()
+        back for the last row only (no [n, V] matrix over the prompt); hidden taps for every row.
+        `rows_expected`: how many rows the cache will hold at most, as far as the caller knows (`reset`)."""
+        self.reset(max(rows_expected, len(ids)))
         if not ids:
             return ForwardOutput(torch.empty(0, self.config.vocab_size, device=self.output_device))
         tokens = torch.tensor(ids, device=self.device)

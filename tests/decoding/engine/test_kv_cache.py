@@ -50,14 +50,67 @@ def test_move_rows_compacts_every_slot_at_once():
         assert torch.equal(layer.keys, rows(6, 1000 * slot)[:, :, [0, 3, 5]])
 
 
-def test_only_the_full_attention_layers_a_wrapper_runs_are_buffered(tiny_target):
+@pytest.mark.parametrize("arch", ["qwen3", "gemma2"])
+def test_only_the_full_attention_layers_a_wrapper_runs_are_buffered(arch):
+    from pipeline.zoo import random_config
+
+    from decoding.engine.attention_layout import FULL, AttentionLayout
+
+    config = random_config("tiny", arch)
+    types = AttentionLayout.of(config).types
+    full = {i for i, t in enumerate(types) if t == FULL}
+    cache, buffered = buffered_cache(config, (0, 1, 2, 3), full)
+    assert [cache.layers.index(layer) for layer in buffered] == [i for i in (0, 1, 2, 3) if i in full]
+    assert not any(isinstance(layer, BufferedLayer) for i, layer in enumerate(cache.layers)
+                   if i not in full or i > 3)
+    assert len({id(layer.buffer) for layer in buffered}) == 1 and buffered[0].buffer.slots == len(buffered)
+    if arch == "gemma2":  # its sliding layers keep transformers' own layer
+        assert any(getattr(layer, "is_sliding", False) for layer in cache.layers)
+
+
+def test_under_a_device_map_each_device_has_its_own_buffer(tiny_target):
     from decoding.engine.attention_layout import FULL
 
     full = {i for i, t in enumerate(tiny_target.layout.types) if t == FULL}
-    cache, buffered = buffered_cache(tiny_target.config, (0, 2, 3), full)
-    assert [cache.layers.index(layer) for layer in buffered] == [0, 2, 3]
-    assert not isinstance(cache.layers[1], BufferedLayer)
-    assert len({id(layer.buffer) for layer in buffered}) == 1 and buffered[0].buffer.slots == 3
+    devices = {0: "cuda:0", 1: "cuda:0", 2: "cuda:1", 3: "cuda:1"}  # grouped before anything is allocated
+    _, buffered = buffered_cache(tiny_target.config, (0, 1, 2, 3), full, devices)
+    assert [(layer.buffer.slots, layer.slot) for layer in buffered] == [(2, 0), (2, 1), (2, 0), (2, 1)]
+    assert buffered[0].buffer is buffered[1].buffer and buffered[1].buffer is not buffered[2].buffer
+
+
+def test_a_layer_moved_to_a_buffer_of_its_own_after_a_reset_sees_its_new_rows():
+    layer = BufferedLayer(KVBuffer(2), 1)
+    BufferedLayer(layer.buffer, 0).update(rows(2, dim=4), rows(2, dim=4))  # the shared buffer: head_dim 4
+    layer.update(rows(2, dim=4), rows(2, dim=4))
+    layer.reset()
+    keys, _ = layer.update(rows(3, dim=8), rows(3, dim=8))  # no longer fits: a private buffer
+    assert torch.equal(keys, rows(3, dim=8))
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "gemma3"])
+def test_tree_steps_that_grow_the_buffer_leave_the_cache_a_fresh_prefill(arch, monkeypatch):
+    """Capacity 4 rows: every step grows the shared buffer (all layers at once) before keep_rows moves a
+    non-contiguous path; the next forward equals a plain forward over the kept tokens."""
+    from pipeline.zoo import random_target
+
+    from decoding.engine import kv_cache
+
+    monkeypatch.setattr(kv_cache, "MIN_CAPACITY", 4)
+    target = random_target("tiny", arch=arch)
+    kept = list(range(10, 16))
+    target.prefill(kept)
+    assert target._buffered[0].buffer.capacity < 8
+    for step in range(4):
+        tree = TokenTree.from_sequences(kept[-1] + 1, [[50 + step, 31], [32, 60 + step, 34], [35]])
+        target.forward_tree(tree)
+        path = tree.path_to(6)  # root -> 32 -> 60 + step -> 34
+        target.keep_rows(len(kept), path)
+        kept += [tree.tokens[i] for i in path]
+    assert target.cache_len == len(kept) and target._buffered[0].buffer.capacity >= len(kept)
+    out = target.forward(torch.tensor([40]), torch.tensor([0]), None)
+    with torch.inference_mode():
+        ref = target.model(torch.tensor([kept + [40]])).logits[0, -1].float()
+    torch.testing.assert_close(out.logits[0], ref, atol=1e-4, rtol=1e-4)
 
 
 class CountCalls(torch.overrides.TorchFunctionMode):
