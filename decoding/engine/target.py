@@ -57,7 +57,10 @@ def cache_argument(params, fallback: str) -> str:
 class TargetModel:
     """Prefill, block/tree forwards with a custom mask, hidden-state taps, KV compaction."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer=None, layers=None, exit_head: torch.nn.Module | None = None):
+    def __init__(self, model: torch.nn.Module, tokenizer=None, layers=None, exit_head: torch.nn.Module | None = None,
+                 kv_buffer: bool = True):
+        """`kv_buffer=False`: transformers' plain DynamicCache instead of the shared KV buffer
+        (decoding/engine/kv_cache.py); benchmarks/bench_kv_cache.py compares the two."""
         self.model = model.eval()
         self.exit_head = exit_head  # applied to the last layer's output, before the final norm
         self.tokenizer = tokenizer
@@ -89,6 +92,7 @@ class TargetModel:
         self._rotary_per_type = rotary is not None and "layer_type" in inspect.signature(rotary.forward).parameters
         self._logit_softcap = getattr(self.config, "final_logit_softcapping", None)
         self.context_limit: int | None = getattr(self.config, "max_position_embeddings", None)
+        self.kv_buffer = kv_buffer
         self.cache: DynamicCache | None = None
         self._buffered: list[BufferedLayer] = []  # the cache's full-attention layers (decoding/engine/kv_cache.py)
         # decode-time passes through this wrapper's weights (prefill excluded): the raw count, and the
@@ -100,8 +104,12 @@ class TargetModel:
     def reset(self, rows_expected: int = 0) -> None:
         """A new, empty cache; `rows_expected` (the prompt plus the tokens to generate) sizes its KV buffer,
         which otherwise grows by half when full (a copy, during which old and new buffers coexist)."""
-        full = {i for i, t in enumerate(self.layout.types) if t == attention_layout.FULL}
-        self.cache, self._buffered = buffered_cache(self.config, self.layers, full, self._layer_devices, rows_expected)
+        if self.kv_buffer:
+            full = {i for i, t in enumerate(self.layout.types) if t == attention_layout.FULL}
+            self.cache, self._buffered = buffered_cache(self.config, self.layers, full, self._layer_devices,
+                                                        rows_expected)
+        else:
+            self.cache, self._buffered = DynamicCache(config=self.config), []
         attention_layout.record_past(self.cache)
         self.num_forwards = 0
         self.forward_cost = 0.0
@@ -137,7 +145,7 @@ class TargetModel:
             for buffer in {id(layer.buffer): layer.buffer for layer in self._buffered}.values():
                 buffer.move_rows(kept, start)
             indices = {}  # (offset, device) -> the kept rows' slots in such a layer
-            for layer in self._sliding_cached():
+            for layer in self._unbuffered_cached():
                 first = attention_layout.offset(layer)
                 key = (first, layer.keys.device)  # a device_map spreads layers over devices
                 if key not in indices:
@@ -154,11 +162,11 @@ class TargetModel:
         for layer in self._buffered:
             if layer.length > length:
                 layer.length = length
-        for layer in self._sliding_cached():
+        for layer in self._unbuffered_cached():
             attention_layout.cut(layer, length)
 
-    def _sliding_cached(self):
-        """The cache's layers that are not buffered (sliding ones) and hold keys."""
+    def _unbuffered_cached(self):
+        """The cache's layers outside the KV buffer that hold keys (sliding ones; all of them with kv_buffer=False)."""
         if len(self._buffered) == len(self.cache.layers):
             return []
         return [layer for layer in self.cache.layers if not isinstance(layer, BufferedLayer)
