@@ -3,10 +3,10 @@ keeping their keys and values in one shared buffer that grows, instead of one te
 
 Why: a step of a tree method cuts the cache back to the accepted rows and, when the accepted path
 is not the block's leading rows, moves those rows down. With transformers' DynamicLayer both are a
-few tensor operations per layer (slices, a gather and a copy each for keys and values), ~0.27 ms of
-host time per step on a 36-layer model against 6 layers (`benchmarks/bench_host_overhead.py
---layers`), and its `update` concatenates each forward's rows onto the whole cache (a copy of every
-layer every forward). Here:
+few tensor operations per layer (slices, a gather and a copy each for keys and values), and its
+`update` concatenates each forward's rows onto the whole layer: from 6 to 36 layers, a DDTree step
+went from 90 to 219 torch calls outside the passes, AR from 27 to 87
+(`benchmarks/bench_host_overhead.py --count-ops --layers 36`; docs/gpu-bf16.md). Here:
 - a forward writes only its new rows into the buffer (which grows by half when full);
 - cutting the cache sets an integer per layer;
 - moving accepted rows is one gather and one copy for all the buffer's layers at once
