@@ -64,8 +64,9 @@ class Drafter:
         self.shares_target = shares_target  # made of the target's own layers (no weights of its own)
         self.cached: list[int] = []
 
-    def begin(self, sequence: list[int]) -> None:
-        self.lm.prefill(sequence[:-1])
+    def begin(self, sequence: list[int], rows_expected: int = 0) -> None:
+        """`rows_expected`: the prompt and the answer, to size the drafter's KV buffer (TargetModel.prefill)."""
+        self.lm.prefill(sequence[:-1], rows_expected=rows_expected)
         self.cached = list(sequence[:-1])
 
     def on_prefill(self, output, prompt_ids: list[int]) -> None:
@@ -136,15 +137,15 @@ def build_drafter(cfg: DrafterConfig, target: TargetModel) -> Drafter:
             from decoding.drafting.exit_head import load_exit_head
 
             head = load_exit_head(cfg.head, target, cfg.exit_layer)
-        return Drafter(TargetModel(target.model, target.tokenizer, layers=range(cfg.exit_layer), exit_head=head),
-                       shares_target=True)
+        return Drafter(TargetModel(target.model, target.tokenizer, layers=range(cfg.exit_layer), exit_head=head,
+                                   kv_buffer=target.kv_buffer), shares_target=True)
     if cfg.kind == "slim":
         skip = load_mask(cfg.mask, target.num_layers)
-        return Drafter(TargetModel(target.model, target.tokenizer, layers=kept_layers(skip, target.num_layers)),
-                       shares_target=True)
+        return Drafter(TargetModel(target.model, target.tokenizer, layers=kept_layers(skip, target.num_layers),
+                                   kv_buffer=target.kv_buffer), shares_target=True)
     from pipeline.models import load_model
 
     model, tokenizer = load_model(cfg.model)
     if target.tokenizer is not None and tokenizer.get_vocab() != target.tokenizer.get_vocab():
         raise ConfigError(f"drafter model '{cfg.model.name}' does not share the target's tokenizer")
-    return Drafter(TargetModel(model, tokenizer))
+    return Drafter(TargetModel(model, tokenizer, kv_buffer=target.kv_buffer))

@@ -43,7 +43,7 @@ class Eagle3ChainDrafter:
         self.draft_to_target = self.model.to_target_ids(torch.arange(spec.draft_vocab_size, device=target.device))
         self.passes = 0
 
-    def begin(self, sequence: list[int]) -> None:
+    def begin(self, sequence: list[int], rows_expected: int = 0) -> None:  # no KV buffer: rows_expected unused
         self.cache = self.model.new_cache()
         self.last_h = None  # h of the newest target-fed row: it drafts the token after the cache's last input
         self.scratch = ([], None, None, None)  # (tail tokens fed on own states, their K/V after the cache's, h)

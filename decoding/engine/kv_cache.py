@@ -18,8 +18,8 @@ transformers' own layer, handled by decoding/engine/attention_layout.py, one by 
 a device_map there is one buffer per device; a layer whose keys do not match its buffer's shape or
 dtype (different head sizes) gets a buffer of its own.
 
-Memory: the buffer is sized at the prefill for the prompt, the answer and a block of draft rows
-(`generate`), so it rarely grows; a growth holds the old and the new buffer at once (2.5x the cache
+Memory: the buffer is sized at the prefill for the prompt, the answer (where the caller says how
+long: the target in `generate`) and HEADROOM rows more, so it rarely grows; a growth holds the old and the new buffer at once (2.5x the cache
 for a moment, where DynamicLayer's concatenation holds the cache plus one layer).
 """
 
@@ -30,6 +30,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 MIN_CAPACITY = 256  # rows allocated at least, so short runs never grow the buffer
+HEADROOM = 256  # rows a prefill adds to what its caller expects: a block of draft rows, or tokens nobody announced
 
 
 class KVBuffer:

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from decoding.engine import attention_layout
+from decoding.engine import attention_layout, kv_cache
 from decoding.engine.attention_layout import AttentionLayout
 from decoding.engine.kv_cache import BufferedLayer, buffered_cache
 from decoding.engine.transfer import to_device
@@ -190,8 +190,9 @@ class TargetModel:
     def prefill(self, ids: list[int], hidden_layers: tuple[int, ...] = (), rows_expected: int = 0) -> ForwardOutput:
         """Reset the cache and run `ids` through the model (all of them are cached). Logits come
         back for the last row only (no [n, V] matrix over the prompt); hidden taps for every row.
-        `rows_expected`: how many rows the cache will hold at most, as far as the caller knows (`reset`)."""
-        self.reset(max(rows_expected, len(ids)))
+        `rows_expected`: the rows the cache will hold, as far as the caller knows (the prompt and the answer);
+        the KV buffer gets HEADROOM more (`reset`)."""
+        self.reset(max(rows_expected, len(ids)) + kv_cache.HEADROOM)
         if not ids:
             return ForwardOutput(torch.empty(0, self.config.vocab_size, device=self.output_device))
         tokens = torch.tensor(ids, device=self.device)

@@ -35,7 +35,7 @@ class SpeculativeDecoding(Method):
         self.gamma = (self.drafter_config or DrafterConfig()).gamma
 
     def begin(self, state: DecodeState) -> None:
-        self.drafter.begin(state.sequence)
+        self.drafter.begin(state.sequence, len(state.sequence) + state.max_new_tokens)
 
     def prefill_hidden_layers(self) -> tuple[int, ...]:
         return self.drafter.hidden_layers  # a feature drafter (EAGLE-3) reads target layers; others none

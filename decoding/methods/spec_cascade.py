@@ -78,7 +78,7 @@ class SpeculativeCascade(Method):
         self.gamma = drafter_cfg.gamma
 
     def begin(self, state: DecodeState) -> None:
-        self.drafter.begin(state.sequence)
+        self.drafter.begin(state.sequence, len(state.sequence) + state.max_new_tokens)
         self._deferred = torch.zeros((), dtype=torch.long, device=state.target.output_device)
 
     def prefill_hidden_layers(self) -> tuple[int, ...]:

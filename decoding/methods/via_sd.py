@@ -84,7 +84,7 @@ class VIASD(Method):
         self.slim_layers = kept_layers(skip, target.num_layers)
 
     def begin(self, state: DecodeState) -> None:
-        self.drafter.begin(state.sequence)
+        self.drafter.begin(state.sequence, len(state.sequence) + state.max_new_tokens)
         if self.middle_model is not None:
             self.middle_model.begin(state.sequence)
 

@@ -89,28 +89,54 @@ def test_a_layer_moved_to_a_buffer_of_its_own_after_a_reset_sees_its_new_rows():
 
 @pytest.mark.parametrize("arch", ["qwen3", "gemma3"])
 def test_tree_steps_that_grow_the_buffer_leave_the_cache_a_fresh_prefill(arch, monkeypatch):
-    """Capacity 4 rows: every step grows the shared buffer (all layers at once) before keep_rows moves a
-    non-contiguous path; the next forward equals a plain forward over the kept tokens."""
+    """Capacity for the prompt only: the first tree steps grow the shared buffer (all layers at once) before
+    keep_rows moves a non-contiguous path; the next forward equals a plain forward over the kept tokens."""
     from pipeline.zoo import random_target
 
     from decoding.engine import kv_cache
 
     monkeypatch.setattr(kv_cache, "MIN_CAPACITY", 4)
+    monkeypatch.setattr(kv_cache, "HEADROOM", 0)
     target = random_target("tiny", arch=arch)
     kept = list(range(10, 16))
     target.prefill(kept)
-    assert target._buffered[0].buffer.capacity < 8
+    buffer = target._buffered[0].buffer
+    assert buffer.capacity == 6
     for step in range(4):
         tree = TokenTree.from_sequences(kept[-1] + 1, [[50 + step, 31], [32, 60 + step, 34], [35]])
         target.forward_tree(tree)
-        path = tree.path_to(6)  # root -> 32 -> 60 + step -> 34
+        path = tree.path_to(tree.tokens.index(34))  # root -> 32 -> 60 + step -> 34: block rows 0, 3, 4, 5
+        assert path == [0, 3, 4, 5]
         target.keep_rows(len(kept), path)
         kept += [tree.tokens[i] for i in path]
-    assert target.cache_len == len(kept) and target._buffered[0].buffer.capacity >= len(kept)
+    assert target.cache_len == len(kept) and buffer.generation > 2  # allocated, then grown at least twice
     out = target.forward(torch.tensor([40]), torch.tensor([0]), None)
     with torch.inference_mode():
         ref = target.model(torch.tensor([kept + [40]])).logits[0, -1].float()
     torch.testing.assert_close(out.logits[0], ref, atol=1e-4, rtol=1e-4)
+
+
+def test_a_zero_row_first_update_allocates_the_buffer():
+    layer = BufferedLayer(KVBuffer(1), 0)
+    keys, values = layer.update(rows(0), rows(0))
+    assert keys.shape == (1, 2, 0, 4) and layer.get_seq_length() == 0
+    assert torch.equal(layer.update(rows(2), rows(2))[0], rows(2))
+
+
+@pytest.mark.parametrize("method", ["ar", "sd"])
+def test_generate_sizes_the_buffers_so_that_a_run_never_grows_them(method, tmp_path):
+    """The target's buffer is sized for the prompt and the answer; a drafter's (sd: an early exit, its own
+    wrapper and cache) for its prompt plus HEADROOM rows."""
+    from pipeline.zoo import build_method, mixed_prompts, random_target
+
+    from decoding.engine.loop import generate
+
+    target = random_target("tiny")
+    m = build_method(method, target, tmp_path)
+    generate(m, target, mixed_prompts(1, 500)[0], max_new_tokens=300)
+    wrappers = [target] + ([m.drafter.lm] if method == "sd" else [])
+    assert all(w._buffered[0].buffer.generation == 1 for w in wrappers)  # allocated once, never grown
+    assert target._buffered[0].buffer.capacity >= 24 + 300
 
 
 class CountCalls(torch.overrides.TorchFunctionMode):
@@ -124,9 +150,11 @@ class CountCalls(torch.overrides.TorchFunctionMode):
 
 
 @pytest.mark.parametrize("shape", ["llama", "qwen3"])
-def test_cutting_and_compacting_the_cache_costs_the_same_ops_at_any_depth(shape):
+@pytest.mark.parametrize("kv_buffer, calls", [(True, (10, 10)), (False, (26, 126))])
+def test_cutting_and_compacting_the_cache_costs_the_same_ops_at_any_depth(shape, kv_buffer, calls):
     """A tree step's keep_rows on a 2-layer and a 12-layer model of one architecture makes the same
-    number of torch calls: the layers share one buffer, moved and cut as one."""
+    number of torch calls with the shared buffer (moved and cut as one); transformers' DynamicCache
+    (kv_buffer=False) pays per layer."""
     from pipeline.zoo import random_config
     from transformers import AutoModelForCausalLM
 
@@ -139,11 +167,11 @@ def test_cutting_and_compacting_the_cache_costs_the_same_ops_at_any_depth(shape)
         if getattr(config, "layer_types", None) is not None:
             config.layer_types = ["full_attention"] * layers
         torch.manual_seed(0)
-        target = TargetModel(AutoModelForCausalLM.from_config(config).eval())
+        target = TargetModel(AutoModelForCausalLM.from_config(config).eval(), kv_buffer=kv_buffer)
         target.prefill(list(range(10, 40)))
         target.forward_tree(TokenTree.from_sequences(40, [[41, 42], [43, 44, 45]]))
         with CountCalls() as counter:
             target.keep_rows(30, [0, 3, 4, 5])  # root + the second branch: rows move
         counts.append(counter.calls)
         assert target.cache_len == 34
-    assert counts[0] == counts[1]
+    assert tuple(counts) == calls

@@ -40,7 +40,7 @@ def test_keep_rows_then_continued_decoding_equals_fresh_forward(tiny_target):
     tree = TokenTree.from_sequences(14, [[30, 31], [32, 33, 34], [35]])
     target.prefill(prefix)
     target.forward_tree(tree)
-    accepted = tree.path_to(6)  # root -> 32 -> 33 -> 34: a non-contiguous set of block rows
+    accepted = tree.path_to(6)  # root -> 35: block rows 0 and 6, a non-contiguous set
     target.keep_rows(len(prefix), accepted)
     kept_tokens = prefix + [tree.tokens[i] for i in accepted]
     assert target.cache_len == len(kept_tokens)
