@@ -19,8 +19,9 @@ a device_map there is one buffer per device; a layer whose keys do not match its
 dtype (different head sizes) gets a buffer of its own.
 
 Memory: the buffer is sized at the prefill for the prompt, the answer (where the caller says how
-long: the target in `generate`) and HEADROOM rows more, so it rarely grows; a growth holds the old and the new buffer at once (2.5x the cache
-for a moment, where DynamicLayer's concatenation holds the cache plus one layer).
+long: the target in `generate`, a drafter in its `begin`) and HEADROOM rows more, so it rarely
+grows; a growth holds the old and the new buffer at once (2.5x the cache for a moment, where
+DynamicLayer's concatenation holds the cache plus one layer).
 """
 
 from __future__ import annotations

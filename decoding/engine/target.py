@@ -85,6 +85,7 @@ class TargetModel:
         self._layer_devices = {i: next(decoder[i].parameters()).device for i in self.layers} if decoder else {}
         self._layer_cache_kw = cache_argument(layer_params, fallback=self._cache_kw)
         self.layout = AttentionLayout.of(self.config)  # the decoder layers' attention types and windows
+        self._full_layers = {i for i, t in enumerate(self.layout.types) if t == attention_layout.FULL}
         # one of this wrapper's sliding layers (they are cut in step), read where transformers < 5.25
         # returns a sliding layer's recorded past: the masks must then cover those keys
         self._sliding_layer = next((i for i in self.layers if self.layout.types[i] == attention_layout.SLIDING), None)
@@ -105,9 +106,8 @@ class TargetModel:
         """A new, empty cache; `rows_expected` (the prompt plus the tokens to generate) sizes its KV buffer,
         which otherwise grows by half when full (a copy, during which old and new buffers coexist)."""
         if self.kv_buffer:
-            full = {i for i, t in enumerate(self.layout.types) if t == attention_layout.FULL}
-            self.cache, self._buffered = buffered_cache(self.config, self.layers, full, self._layer_devices,
-                                                        rows_expected)
+            self.cache, self._buffered = buffered_cache(self.config, self.layers, self._full_layers,
+                                                        self._layer_devices, rows_expected)
         else:
             self.cache, self._buffered = DynamicCache(config=self.config), []
         attention_layout.record_past(self.cache)
