@@ -57,58 +57,64 @@ class ReferenceScorer:
 NEG_INF = float("-inf")
 
 
-def level_step(h, score, best, z_proj, base_c, w2_c, gi_cand, cand, w_s_t, w_hh_t, k: int):
-    """One depth of the level builder, for W lanes of parents (dead lanes score -inf): their corrected
-    children (top-K over the depth's M candidates), the running best-W scores of every node found so
-    far, and the next depth's lanes: the best W children whose score reaches that running W-th best
-    (no node below it can be among the tree's W best), with their GRU states. Shapes never depend
-    on the data, so on CUDA this is what one graph captures.
+def level_step(h, score, best, z_proj, base_row, w2, table, w_s_t, w_hh_t, m: int, k: int):
+    """One depth of the level builder, for W lanes of parents (dead lanes score -inf): the depth's M
+    candidates (top-M of its base logits, their W2 rows), the lanes' corrected children (top-K over
+    them), the running best-W scores of every node found so far, and the next depth's lanes: the best W
+    children whose score reaches that running W-th best (no node below it can be among the tree's W
+    best), with their GRU states. The depth's tables are made here, for the depths the tree reaches
+    only (a [D, V] top-M for every depth of the block costs ~100 us per row at a 49k vocabulary on a
+    CPU). Shapes never depend on the data, so on CUDA this is what one graph captures.
     -> (child scores [W*K] f64, child ids [W*K], lanes' source child [W], next scores [W] f64,
         next states [W, G], best [W] f64, number of live next lanes)"""
     lanes = h.shape[0]
+    base_c, cand = torch.topk(base_row, m)  # [M]
     mid = torch.nn.functional.silu(torch.addmm(z_proj, h, w_s_t))  # [W, E]
-    logp = torch.log_softmax(torch.addmm(base_c, mid, w2_c.t()), -1)  # [W, M]
+    # F.embedding gathers rows: the same numbers as w2[cand], several times cheaper on a CPU
+    logp = torch.log_softmax(torch.addmm(base_c, mid, F.embedding(cand, w2).t()), -1)  # [W, M]
     values, local = torch.topk(logp, k, dim=-1)  # [W, K]
-    return select_lanes(h, score, best, values, local, gi_cand, cand, w_hh_t, lanes)
+    return select_lanes(h, score, best, values, local, cand, table, w_hh_t, lanes)
 
 
-def select_lanes(h, score, best, values, local, gi_cand, cand, w_hh_t, lanes: int):
+def select_lanes(h, score, best, values, local, cand, table, w_hh_t, lanes: int):
     k = values.shape[-1]
     child = (score[:, None] + values.double()).reshape(-1)  # cumulative log-probs, float64 as the heap's sums
-    flat_local = local.reshape(-1)
+    child_ids = cand.index_select(0, local.reshape(-1))
     best = torch.topk(torch.cat([best, child]), lanes).values
     top = torch.topk(child, lanes)  # sorted best first; ties keep the lower index (lane, then rank)
     keep = top.values >= best[-1:].clamp(min=-1e300)  # a dead lane (-inf) never reaches a finite threshold
-    chosen = flat_local.index_select(0, top.indices)
-    next_h = gru_cell(gi_cand.index_select(0, chosen), h.index_select(0, top.indices // k), w_hh_t)
-    return (child, cand.index_select(0, flat_local), top.indices, torch.where(keep, top.values, NEG_INF), next_h,
-            best, keep.sum())
+    # the next lanes' GRU inputs: rows of the input table (W_ih . embed of every token)
+    next_h = gru_cell(F.embedding(child_ids.index_select(0, top.indices), table),
+                      h.index_select(0, top.indices // k), w_hh_t)
+    return child, child_ids, top.indices, torch.where(keep, top.values, NEG_INF), next_h, best, keep.sum()
 
 
 class LevelGraph:
     """CUDA graph of `level_step` with static buffers, captured once per drafter and lane count and
-    replayed for every depth of every round; a depth copies its tables and the lanes in first."""
+    replayed for every depth of every round; a depth copies its rows and the lanes in first (the
+    weights and the input table are read in place: they do not change between rounds)."""
 
-    def __init__(self, args, k: int):
-        self.inputs = [a.clone() for a in args[:-2]]  # h, score, best and the depth's tables
-        self.w_s_t, self.w_hh_t, self.k = args[-2], args[-1], k
+    def __init__(self, rows, weights, m: int, k: int):
+        self.inputs = [a.clone() for a in rows]  # h, score, best, the depth's z-part of W1 and base logits
+        self.weights, self.m, self.k = weights, m, k
         self.device = self.inputs[0].device
         with torch.cuda.device(self.device):  # the tensors' GPU, not the current one (cuda:N, a device_map)
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
-                level_step(*self.inputs, self.w_s_t, self.w_hh_t, k)  # warm-up outside the graph
+                level_step(*self.inputs, *weights, m, k)  # warm-up outside the graph
             torch.cuda.current_stream().wait_stream(stream)
             self.graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(self.graph):
-                self.out = level_step(*self.inputs, self.w_s_t, self.w_hh_t, k)
+                self.out = level_step(*self.inputs, *weights, m, k)
 
-    def fits(self, args) -> bool:
-        return all(a.shape == b.shape for a, b in zip(self.inputs, args))
+    def fits(self, rows, weights, m: int, k: int) -> bool:
+        return (all(a.shape == b.shape for a, b in zip(self.inputs, rows)) and (m, k) == (self.m, self.k)
+                and all(a is b for a, b in zip(self.weights, weights)))
 
-    def __call__(self, *args):
+    def __call__(self, rows):
         with torch.cuda.device(self.device):
-            for static, value in zip(self.inputs, args[:-2]):
+            for static, value in zip(self.inputs, rows):
                 static.copy_(value)
             self.graph.replay()
         return self.out
@@ -124,30 +130,26 @@ class LevelBuilder:
     found so far never exceeds the final W-th best, so children below it can be dropped. Depth d
     keeps the best W children of depth d - 1 that reach it (a node's children are its top-K), and
     the build stops at the first depth where none does. Per depth one host read (the live lane
-    count); the tree itself is read once at the end. Per-round tables as before: top-M ids, W2 rows,
-    base values, the z-part of W1 and the GRU input projection of every candidate, on the model's
-    device, all head math in fp32; on CUDA each depth is one graph replay (`LevelGraph`)."""
+    count); the tree itself is read once at the end. Per round, the z-part of W1 for every depth (one
+    matmul); per depth reached, its top-M candidates and their W2 rows (`level_step`); the GRU input of a
+    chosen child is a row of the input table. All on the model's device, all head math in fp32; on
+    CUDA each depth is one graph replay (`LevelGraph`)."""
 
     @torch.inference_mode()
     def __init__(self, drafter, head, embed, z: torch.Tensor, base: torch.Tensor, k: int, m: int,
                  graph_holder: dict | None = None):
         """`head`: the drafter's Float32Head. `graph_holder`: a dict kept by the caller across rounds;
         on CUDA it holds the captured LevelGraph."""
-        self.prefix, self.k = drafter.spec.pure_draft_prefix_len, k
+        self.prefix = drafter.spec.pure_draft_prefix_len
         depths, vocab = base.shape
-        self.k_prefix = min(k, vocab)
-        self.k = min(k, m, vocab)
-        m = min(m, vocab)
-        self.cand = torch.topk(base, m, dim=-1).indices  # [D, M]
-        self.base_c = torch.gather(base, 1, self.cand)  # [D, M] float32
-        self.z_proj = z.float() @ head.w_z.t()  # [D, E]
-        self.w2_c = head.w2[self.cand]  # [D, M, E] fp32
-        self.w_s_t, self.w_hh_t = head.w_s.t(), head.w_hh_t
-        self.table = head.input_table(embed)  # [V, 3G]: every token's GRU input projection
-        self.gi_cand = F.embedding(self.cand, self.table)  # [D, M, 3G]
+        self.m = min(m, vocab)
+        self.k = min(k, self.m)
+        self.z_rows = (z.float() @ head.w_z.t()).unbind(0)  # [E] per depth: views made once, not per depth
+        self.base_rows = base.unbind(0)
+        self.weights = (head.w2, head.input_table(embed), head.w_s.t(), head.w_hh_t)  # W2, [V, 3G] GRU inputs, ...
+        self.table, self.w_hh_t = self.weights[1], head.w_hh_t
         p = min(self.prefix, depths)
-        self.prefix_vals, self.prefix_ids = torch.topk(torch.log_softmax(base[:p].float(), -1), self.k_prefix, dim=-1)
-        self.gi_prefix = F.embedding(self.prefix_ids, self.table)  # [p, K, 3G]
+        self.prefix_vals, self.prefix_ids = torch.topk(torch.log_softmax(base[:p].float(), -1), min(k, vocab), dim=-1)
         self.graphs = graph_holder if graph_holder is not None and z.device.type == "cuda" else None
 
     def _depth(self, d: int, h, score, best):
@@ -155,15 +157,14 @@ class LevelBuilder:
             lanes = h.shape[0]
             values = self.prefix_vals[d].expand(lanes, -1)
             local = torch.arange(values.shape[-1], device=h.device).expand(lanes, -1)
-            return select_lanes(h, score, best, values, local, self.gi_prefix[d], self.prefix_ids[d], self.w_hh_t, lanes)
-        args = (h, score, best, self.z_proj[d], self.base_c[d], self.w2_c[d], self.gi_cand[d], self.cand[d],
-                self.w_s_t, self.w_hh_t)
+            return select_lanes(h, score, best, values, local, self.prefix_ids[d], self.table, self.w_hh_t, lanes)
+        rows = (h, score, best, self.z_rows[d], self.base_rows[d])
         if self.graphs is None:
-            return level_step(*args, self.k)
+            return level_step(*rows, *self.weights, self.m, self.k)
         graph = self.graphs.get("level")
-        if graph is None or not graph.fits(args):
-            graph = self.graphs["level"] = LevelGraph(args, self.k)
-        return graph(*args)
+        if graph is None or not graph.fits(rows, self.weights, self.m, self.k):
+            graph = self.graphs["level"] = LevelGraph(rows, self.weights, self.m, self.k)
+        return graph(rows)
 
     @torch.inference_mode()
     def build(self, root: int, budget: int, max_depth: int, admit=None):
@@ -171,7 +172,7 @@ class LevelBuilder:
         order `build_best_first` pops them; `admit(n, score)` may stop it early, as there."""
         from decoding.drafting.draft_tree import BuiltTree
 
-        dev, lanes = self.z_proj.device, budget
+        dev, lanes = self.table.device, budget
         root_gi = F.embedding(to_device([root], dev), self.table)  # [1, 3G]
         h = gru_cell(root_gi, root_gi.new_zeros(1, self.w_hh_t.shape[0]), self.w_hh_t)
         h = torch.cat([h, h.new_zeros(lanes - 1, h.shape[1])])
