@@ -208,6 +208,7 @@ def commit(state: DecodeState, tokens: list[int]) -> list[int]:
     return out
 
 
+@torch.inference_mode()  # once for the whole loop: every op of a step skips autograd's bookkeeping
 def generate(
     method: Method,
     target: TargetModel,

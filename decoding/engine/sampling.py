@@ -78,14 +78,15 @@ class Sampler:
         from `uniform()` beforehand by a loop that samples position after position (a drafter's chain,
         `ChainDraws`): one draw per step instead of one per position."""
         self.check(probs)
-        rows = probs if probs.dim() == 2 else probs.view(1, -1)
         # float64: a float32 running sum stops growing for entries below ~3e-8 once it passes 0.5 (they
         # could never be drawn) and rounds every other entry to steps of ~6e-8
-        cdf = rows.cumsum(-1, dtype=torch.float64)
-        u = self.uniform((rows.shape[0], 1), torch.float64) if uniform is None else uniform.view(-1, 1)
-        total = cdf.narrow(-1, rows.shape[-1] - 1, 1)  # [n, 1]
-        picked = torch.searchsorted(cdf, u * total, right=True).clamp_max_(rows.shape[-1] - 1)
-        return picked.view(probs.shape[:-1])
+        cdf = probs.cumsum(-1, dtype=torch.float64)  # [..., V]
+        if uniform is None:
+            uniform = self.uniform((*probs.shape[:-1], 1), torch.float64)
+        elif uniform.dim() != 0:  # a 0-dim draw scales a [V] row's total as it is
+            uniform = uniform.view(*probs.shape[:-1], 1)
+        picked = torch.searchsorted(cdf, uniform * cdf[..., -1:], right=True)  # [..., 1]
+        return picked.clamp_max_(probs.shape[-1] - 1).squeeze(-1)
 
 
 class ChainDraws:
@@ -99,7 +100,8 @@ class ChainDraws:
     def __init__(self, sampler: Sampler, length: int, temperature: float):
         self.sampler, self.temperature = sampler, temperature
         self.sampled = temperature > 0
-        self.uniforms = sampler.uniform(length, torch.float64) if self.sampled else None
+        # one draw for the chain, its 0-dim views made at once (not one index per position)
+        self.uniforms = sampler.uniform(length, torch.float64).unbind(0) if self.sampled else None
         self.rows: list[torch.Tensor] = []  # the distributions (T > 0) or the logits (T = 0)
 
     def pick(self, logits: torch.Tensor) -> torch.Tensor:

@@ -29,7 +29,7 @@ def goes_through_pinned_memory(data, device: torch.device) -> bool:
 
 def synchronize(device: torch.device | str) -> None:
     """Wait for the device's queued work (CUDA), so a host clock read after it counts that work."""
-    device = torch.device(device)
+    device = device if isinstance(device, torch.device) else torch.device(device)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -41,13 +41,14 @@ def to_host(*tensors: torch.Tensor) -> list[list]:
         return []
     if len(tensors) == 1:  # no packing needed: one copy as it is
         values = tensors[0].reshape(-1).tolist()
-        return [values if tensors[0].is_floating_point() else list(map(int, values))]
+        return [values if tensors[0].dtype.is_floating_point else list(map(int, values))]
     # the first one in float64 makes torch.cat promote the others to it: one conversion, one copy
-    values = torch.cat([tensors[0].reshape(-1).to(torch.float64), *(t.reshape(-1) for t in tensors[1:])]).tolist()
+    flats = [t.reshape(-1) for t in tensors]
+    values = torch.cat([flats[0].to(torch.float64), *flats[1:]]).tolist()
     out, start = [], 0
-    for t in tensors:
-        n = t.numel()
+    for t, flat in zip(tensors, flats):
+        n = flat.shape[0]
         part = values[start:start + n]
-        out.append(list(map(int, part)) if not (t.is_floating_point() or t.is_complex()) else part)
+        out.append(part if t.dtype.is_floating_point or t.dtype.is_complex else list(map(int, part)))
         start += n
     return out

@@ -75,8 +75,8 @@ def corrected_chain(head, embed, z, base, root: int, prefix: int, pool, temperat
     softmax(logits / T)); the uncorrected prefix in one pick; the corrected positions by `chain`
     (chain_picks, or its compiled form); the distributions in one softmax after it."""
     table = head.input_table(embed)  # [V, 3G]: a GRU step's input is a row of it
-    base_pool = base if pool is None else base[:, pool]  # [K, C]
-    w2 = head.w2 if pool is None else head.w2[pool]  # [C, E]
+    base_pool = base if pool is None else base.index_select(1, pool)  # [K, C]
+    w2 = head.w2 if pool is None else F.embedding(pool, head.w2)  # [C, E]: rows gathered, cheaper than w2[pool]
     z_proj = z[prefix:].float() @ head.w_z.t()  # [K - prefix, E]
     prefix_rows = base[:prefix]
     noise = None
