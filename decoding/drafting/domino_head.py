@@ -45,25 +45,31 @@ def gru_cell(gi: torch.Tensor, h: torch.Tensor, w_hh_t: torch.Tensor) -> torch.T
 
 
 def gru_update(gi: torch.Tensor, gh: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-    """The GRU cell from both projections gi = W_ih x and gh = W_hh h ([..., 3G]) and the state h:
-    five kernels (addcmul and lerp fuse the n and h' lines), as few as a chain step can launch; the
-    gate blocks are taken as views by split/chunk (one dispatch each, not one per slice)."""
+    """The GRU cell from both projections gi = W_ih x and gh = W_hh h ([..., 3G]) and the state h; the
+    gate blocks are taken as views by split (one dispatch each, not one per slice)."""
     g = h.shape[-1]
-    gi_ru, gi_n = gi.split((2 * g, g), dim=-1)
-    gh_ru, gh_n = gh.split((2 * g, g), dim=-1)
+    return gru_gates(*gi.split((2 * g, g), dim=-1), *gh.split((2 * g, g), dim=-1), h)
+
+
+def gru_gates(gi_ru: torch.Tensor, gi_n: torch.Tensor, gh_ru: torch.Tensor, gh_n: torch.Tensor,
+              h: torch.Tensor) -> torch.Tensor:
+    """The GRU cell's arithmetic from the projections' gate blocks: five kernels (the reset and update
+    gates share one sigmoid; addcmul and lerp fuse the n and h' lines), as few as a chain step can launch."""
     r, u = torch.sigmoid(gi_ru + gh_ru).chunk(2, dim=-1)
     n = torch.tanh(torch.addcmul(gi_n, r, gh_n))
     return torch.lerp(n, h, u)  # n + u (h - n)
 
 
-def gru_step(gi: torch.Tensor, h: torch.Tensor, gh: torch.Tensor, w_next_t: torch.Tensor,
-             g3: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One step of the Domino chain's GRU from its input projection gi [3G], state h [G] and W_hh h [3G]
-    -> (new h, its W_hh projection [3G] for the step after, its W1_s projection [E] for this position's
-    correction): one matmul with `w_next_t` = [W_hh^T | W1_s^T] [G, 3G + E]."""
-    h = gru_update(gi, gh, h)
-    gh_next, s_proj = (h @ w_next_t).split((g3, w_next_t.shape[1] - g3))
-    return h, gh_next, s_proj
+def gru_step(gi: torch.Tensor, h: torch.Tensor, gh_ru: torch.Tensor, gh_n: torch.Tensor,
+             w_next_t: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """One step of the Domino chain's GRU from its input projection gi [3G], state h [G] and the gate
+    blocks of W_hh h [2G], [G] -> (new h, the gate blocks of its W_hh projection for the step after, its
+    W1_s projection [E] for this position's correction): one matmul with `w_next_t` = [W_hh^T | W1_s^T]
+    [G, 3G + E] and one split into the three."""
+    g = h.shape[-1]
+    gi_ru, gi_n = gi.split((2 * g, g), dim=-1)
+    h = gru_gates(gi_ru, gi_n, gh_ru, gh_n, h)
+    return (h, *(h @ w_next_t).split((2 * g, g, w_next_t.shape[1] - 3 * g)))
 
 
 def gru_path_state(gru: nn.GRU, embeds: torch.Tensor) -> torch.Tensor:

@@ -104,22 +104,22 @@ def chain_picks(table, w_next_t, w2, z_proj, base_rows, noise, first, pool):
     one embedding-table row and one GRU step with one matmul (`gru_step`). Returns the picked token ids
     [n] and the corrected logits [n, C]. A pure tensor function of its inputs, so `decoding.engine.compiled`
     can compile it whole."""
-    g3, n = w_next_t.shape[1] - z_proj.shape[1], base_rows.shape[0]
-    h = z_proj.new_zeros(w_next_t.shape[0])
-    gh = z_proj.new_zeros(g3)  # W_hh h of the zero state
+    g, n = w_next_t.shape[0], base_rows.shape[0]
+    h = z_proj.new_zeros(g)
+    gh_ru, gh_n = z_proj.new_zeros(3 * g).split((2 * g, g))  # W_hh h of the zero state
     z_rows, base_list = z_proj.unbind(0), base_rows.unbind(0)  # views made once, not one index per position
     noise_rows = noise.unbind(0) if noise is not None else None
     s_proj = None
     # F.embedding, not table[tok]: indexing with a 0-dim device tensor reads it on the host (a sync)
     for tok in first.unbind(0):
-        h, gh, s_proj = gru_step(F.embedding(tok, table), h, gh, w_next_t, g3)
+        h, gh_ru, gh_n, s_proj = gru_step(F.embedding(tok, table), h, gh_ru, gh_n, w_next_t)
     picks, rows = [], []
     for k in range(n):
         rows.append(torch.addmv(base_list[k], w2, F.silu(z_rows[k] + s_proj)))
         pick = (rows[-1] + noise_rows[k]).argmax() if noise_rows is not None else rows[-1].argmax()
-        picks.append(pick if pool is None else pool.gather(0, pick.view(1)).view(()))
+        picks.append(pick if pool is None else pool.take(pick))  # the pool index as a vocabulary id (0-dim)
         if k + 1 < n:
-            h, gh, s_proj = gru_step(F.embedding(picks[-1], table), h, gh, w_next_t, g3)
+            h, gh_ru, gh_n, s_proj = gru_step(F.embedding(picks[-1], table), h, gh_ru, gh_n, w_next_t)
     return torch.stack(picks), torch.stack(rows)
 
 
