@@ -40,32 +40,32 @@ def dynamic_tree(drafter: Eagle3Drafter, cache: Eagle3Cache, h_last: torch.Tenso
     eye = torch.eye(k, dtype=torch.bool, device=device)
     row_of_child = torch.arange(k, device=device).repeat_interleave(k)  # [k * k]: a child's frontier row
     cached = torch.ones(k, cache.length, dtype=torch.bool, device=device)
-    position = cache.length  # depth-1 nodes sit one past the last cached row
-    passes = 0
+    # depth-1 nodes sit one past the last cached row; every level's positions made at once
+    positions = torch.arange(cache.length, cache.length + depth, device=device)[:, None].expand(depth, k).unbind(0)
+    passes, offset = 0, k  # offset: pool index of the level's first child (host arithmetic, no tensor reads)
     for level in range(depth):
         mask = torch.cat([cached, visible, eye], dim=1)
-        h, past_k, past_v = drafter.step(embed(tokens), frontier_h, torch.full((k,), position + level, device=device),
-                                         past_k, past_v, mask)
+        h, past_k, past_v = drafter.step(embed(tokens), frontier_h, positions[level], past_k, past_v, mask)
         passes += 1
         child_logp, child_ids = torch.topk(torch.log_softmax(drafter.logits(h), dim=-1), k)  # [k, k]
         child_scores = (scores[:, None] + child_logp).reshape(-1)
-        offset = sum(len(s) for s in pool_scores)
         pool_scores.append(child_scores)
         pool_tokens.append(drafter.to_target_ids(child_ids.reshape(-1)))
-        pool_parents.append(frontier[row_of_child])
+        pool_parents.append(frontier.index_select(0, row_of_child))
         if level == depth - 1:
             break
         scores, best = torch.topk(child_scores, k)
         parent_row = best // k
         frontier = offset + best
-        tokens = pool_tokens[-1][best]
-        frontier_h = h[parent_row]
+        offset += k * k
+        tokens = pool_tokens[-1].index_select(0, best)
+        frontier_h = h.index_select(0, parent_row)
         # a child sees what its parent saw, plus its parent's own scratch row (in the block just added)
-        visible = torch.cat([visible[parent_row], eye[parent_row]], dim=1)
+        visible = torch.cat([visible.index_select(0, parent_row), eye.index_select(0, parent_row)], dim=1)
     all_scores, all_tokens, all_parents = torch.cat(pool_scores), torch.cat(pool_tokens), torch.cat(pool_parents)
-    keep = min(total_tokens - 1, len(all_scores))
+    keep = min(total_tokens - 1, k + passes * k * k)  # the pool's size, known on the host
     order = torch.sort(all_scores, descending=True, stable=True).indices[:keep].sort().values
-    kept_tokens, kept_parents, kept = to_host(all_tokens[order], all_parents[order], order)
+    kept_tokens, kept_parents, kept = to_host(all_tokens.index_select(0, order), all_parents.index_select(0, order), order)
     node_of = {-1: 0, **{pool_index: node for node, pool_index in enumerate(kept, start=1)}}
     return TokenTree([root, *kept_tokens], [-1, *(node_of[p] for p in kept_parents)]), passes
 
