@@ -68,10 +68,13 @@ def accept_against(tree: TokenTree, probs: torch.Tensor, sampler: Sampler) -> Ve
     n, children, drafts = len(tree), tree.children, tree.draft_probs
     kinds = [_kind(children[i], drafts) for i in range(n)]
     chain_nodes = [i for i in range(n) if kinds[i] == SAMPLED_CHILD]
-    target_draws = sampler.categorical(probs[:n])  # y ~ p at every node
     if chain_nodes:
+        # y ~ p only where a node's children are deterministic (a sampled chain: its leaf), not at every
+        # node: a [n, V] float64 running sum is the largest piece of a step's host work on a CPU
+        drawn_nodes = [i for i in range(n) if kinds[i] == DETERMINISTIC]
         kids = [children[i][0] for i in chain_nodes]
-        rows, tokens = to_device([chain_nodes, [tree.tokens[c] for c in kids]], probs.device)
+        index = to_device([*chain_nodes, *(tree.tokens[c] for c in kids), *drawn_nodes], probs.device)
+        rows, tokens, drawn_rows = index.split((len(chain_nodes), len(kids), len(drawn_nodes)))
         p = probs.index_select(0, rows).float()
         p = p / p.sum(-1, keepdim=True)
         q = torch.stack([drafts[c] for c in kids]).to(p.device, torch.float32)  # one drafter: one device
@@ -81,9 +84,11 @@ def accept_against(tree: TokenTree, probs: torch.Tensor, sampler: Sampler) -> Ve
         residual = (p - q).clamp_min(0.0)
         # a zero residual only happens when acceptance had probability 1 up to float error
         residual = torch.where(residual.sum(-1, keepdim=True) > 1e-12, residual, p)
-        draws, flags, resampled = to_host(target_draws, accepted, sampler.categorical(residual))
+        target_draws = sampler.categorical(probs.index_select(0, drawn_rows)) if drawn_nodes else residual[:0, 0]
+        drawn, flags, resampled = to_host(target_draws, accepted, sampler.categorical(residual))
+        draws = dict(zip(drawn_nodes, drawn))
     else:
-        (draws,) = to_host(target_draws)
+        (draws,) = to_host(sampler.categorical(probs[:n]))  # y ~ p at every node
         flags = resampled = []
     chain_index = {node: j for j, node in enumerate(chain_nodes)}
     node, path = 0, [0]
