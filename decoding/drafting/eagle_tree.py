@@ -65,7 +65,8 @@ def dynamic_tree(drafter: Eagle3Drafter, cache: Eagle3Cache, h_last: torch.Tenso
     all_scores, all_tokens, all_parents = torch.cat(pool_scores), torch.cat(pool_tokens), torch.cat(pool_parents)
     keep = min(total_tokens - 1, k + passes * k * k)  # the pool's size, known on the host
     order = torch.sort(all_scores, descending=True, stable=True).indices[:keep].sort().values
-    kept_tokens, kept_parents, kept = to_host(all_tokens.index_select(0, order), all_parents.index_select(0, order), order)
+    kept_tokens, kept_parents, kept = to_host(all_tokens.index_select(0, order), all_parents.index_select(0, order),
+                                              order)
     node_of = {-1: 0, **{pool_index: node for node, pool_index in enumerate(kept, start=1)}}
     return TokenTree([root, *kept_tokens], [-1, *(node_of[p] for p in kept_parents)]), passes
 

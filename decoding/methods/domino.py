@@ -57,7 +57,8 @@ class Domino(BlockDraftMethod):
         prefix = min(self.drafter.spec.pure_draft_prefix_len, len(base))
         pool = None
         if 0 < self.config.candidate_pool < base.shape[-1] and len(base) > prefix:
-            pool = torch.topk(base[prefix:].max(dim=0).values, self.config.candidate_pool).indices
+            # amax, not max(dim=0): the values-and-indices reduction across rows is ~30x slower on a CPU
+            pool = torch.topk(base[prefix:].amax(0), self.config.candidate_pool).indices
         temperature = state.temperature if not state.greedy and self.config.sample_draft else 0.0
         tokens, dists = corrected_chain(self.head, self.embed, draft.hidden, base, state.root, prefix, pool,
                                         temperature, state.sampler.for_device(base.device), self.chain)
