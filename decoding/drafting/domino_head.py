@@ -104,6 +104,7 @@ class Float32Head:
         self.w_ih = self.gru.weight_ih_l0  # [3G, H]
         self.w_z = w1[:, :self.hidden_size]  # [E, H]: the z part of W1
         self.w_s = w1[:, self.hidden_size:]  # [E, G]: the GRU-state part of W1
+        self.w_s_t = self.w_s.t()  # [G, E], one view kept: the tree builder's CUDA graph checks weights by identity
         self.w_hh_t = self.gru.weight_hh_l0.t().contiguous()  # [G, 3G]
         # [G, 3G + E]: a chain step's one matmul gives the next step's W_hh h and this state's W1_s h
         self.w_next_t = torch.cat([self.w_hh_t, self.w_s.t()], dim=1).contiguous()

@@ -12,9 +12,10 @@ Two implementations, which must build identical trees:
 - `ReferenceScorer`: the straightforward per-node computation (the GRU cell, embed_proj's modules),
   an `expand` for the best-first heap, node by node, as the reference repository builds it;
 - `LevelBuilder` (`builder=fast`): the same tree built depth by depth, every node of a depth in one
-  batched step from per-round tables on the model's device, one host read per depth; on CUDA each
-  depth is one CUDA-graph replay (written for GPUs, not exercised on this CPU-only machine). The
-  reference's own GPU builder replays a graph and reads the host once per node (16 per tree).
+  batched step on the model's device, one host read per depth; on CUDA each depth is one CUDA-graph
+  replay (run on an H200 on 2026-12-04, before a depth's candidates moved into the graph; the current
+  graph has not run on a GPU). The reference's own GPU builder replays a graph and reads the host once
+  per node (16 per tree).
 """
 
 from __future__ import annotations
@@ -90,9 +91,10 @@ def select_lanes(h, score, best, values, local, cand, table, w_hh_t, lanes: int)
 
 
 class LevelGraph:
-    """CUDA graph of `level_step` with static buffers, captured once per drafter and lane count and
-    replayed for every depth of every round; a depth copies its rows and the lanes in first (the
-    weights and the input table are read in place: they do not change between rounds)."""
+    """CUDA graph of `level_step` with static buffers, captured once per drafter head, lane count and
+    M/K, and replayed for every depth of every round; a depth copies its rows and the lanes in first
+    (the weights and the input table are read in place: they are the head's own tensors, the same
+    objects every round, which `fits` checks)."""
 
     def __init__(self, rows, weights, m: int, k: int):
         self.inputs = [a.clone() for a in rows]  # h, score, best, the depth's z-part of W1 and base logits
@@ -146,8 +148,8 @@ class LevelBuilder:
         self.k = min(k, self.m)
         self.z_rows = (z.float() @ head.w_z.t()).unbind(0)  # [E] per depth: views made once, not per depth
         self.base_rows = base.unbind(0)
-        self.weights = (head.w2, head.input_table(embed), head.w_s.t(), head.w_hh_t)  # W2, [V, 3G] GRU inputs, ...
-        self.table, self.w_hh_t = self.weights[1], head.w_hh_t
+        self.table, self.w_hh_t = head.input_table(embed), head.w_hh_t  # [V, 3G]: every token's GRU input
+        self.weights = (head.w2, self.table, head.w_s_t, self.w_hh_t)  # level_step's weight arguments, in order
         p = min(self.prefix, depths)
         self.prefix_vals, self.prefix_ids = torch.topk(torch.log_softmax(base[:p].float(), -1), min(k, vocab), dim=-1)
         self.graphs = graph_holder if graph_holder is not None and z.device.type == "cuda" else None

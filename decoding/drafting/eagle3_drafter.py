@@ -201,7 +201,7 @@ class Eagle3Drafter(nn.Module):
         return self.lm_head(self.norm(h)).float()
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
-        return draft_ids + self.d2t.take(draft_ids)  # one gather, any shape
+        return draft_ids + self.d2t[draft_ids]
 
     def new_cache(self) -> Eagle3Cache:
         p = self.lm_head.weight

@@ -16,7 +16,10 @@ copy per step, whatever the tree's size.
   * several siblings sampled from one q (without replacement): recursive rejection sampling, one
     child at a time (on rejection p <- norm(max(p - q, 0)), q(x) <- 0 and renormalised). No method
     drafts such trees by default; this path syncs per child.
-  The per-node draws of the first two cases are made for every node at once on the device.
+  The draws of the first two cases are made at once on the device (y ~ p only at the nodes with
+  deterministic children), and read with one host copy. Which uniforms a seed gives to which draw
+  changed on 2026-12-05 (fewer draws), so T > 0 outputs of a seed differ from earlier commits; the
+  distribution does not.
   In every case the emitted token is distributed exactly as the target's p.
 """
 
@@ -84,8 +87,9 @@ def accept_against(tree: TokenTree, probs: torch.Tensor, sampler: Sampler) -> Ve
         residual = (p - q).clamp_min(0.0)
         # a zero residual only happens when acceptance had probability 1 up to float error
         residual = torch.where(residual.sum(-1, keepdim=True) > 1e-12, residual, p)
-        target_draws = sampler.categorical(probs.index_select(0, drawn_rows)) if drawn_nodes else residual[:0, 0]
-        drawn, flags, resampled = to_host(target_draws, accepted, sampler.categorical(residual))
+        # drawn_nodes is never empty: a finite tree has a leaf, whose (no) children are deterministic
+        drawn, flags, resampled = to_host(sampler.categorical(probs.index_select(0, drawn_rows)), accepted,
+                                          sampler.categorical(residual))
         draws = dict(zip(drawn_nodes, drawn))
     else:
         (draws,) = to_host(sampler.categorical(probs[:n]))  # y ~ p at every node
