@@ -9,6 +9,12 @@ the host work of a step is serial with it unless it is this small).
 
     python benchmarks/bench_host_overhead.py [--methods ar,pld,ptd] [--compiled domino] [--prompts 4] [--layers 36]
         [--max-new-tokens 64]
+    python benchmarks/bench_host_overhead.py --model smollm2-135m --methods ar,ddtree,dominotree --compiled ""
+
+`--model NAME`: that model config instead (as `python -m pipeline model=NAME` loads it), MT-Bench first turns,
+and the model's own drafters (`model.drafters`) for the methods that take one: the host work that grows with a
+real vocabulary (top-k, softmax, running sums over 49k-152k entries), which is device work on a GPU. Methods
+without a drafter field keep the random drafters of pipeline/zoo.py.
 
 `--compiled` (default domino): methods also measured with method.compile=true (their rows say
 "compiled"; not in the worst line, which is about the defaults). `--count-ops`: a last column with the
@@ -45,28 +51,36 @@ def main() -> None:
     # torch calls per step outside the passes (pipeline/zoo.py HostOpCounter), from a second, untimed run:
     # a count that does not depend on the machine's load, where the times on a shared machine do
     ap.add_argument("--count-ops", action="store_true")
+    ap.add_argument("--model", default="tiny", help="tiny (random) or a model config name (its drafters)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     folder = tempfile.mkdtemp(prefix="host_overhead_")
     os.environ.setdefault("SPECDEC_CACHE", folder)  # the CaDDTree cost profile of the random model
-    target = random_target("tiny", dtype=torch.float32, device=args.device, num_layers=args.layers)
+    drafters = {}
+    if args.model == "tiny":
+        target = random_target("tiny", dtype=torch.float32, device=args.device, num_layers=args.layers)
+        prompts = mixed_prompts(args.prompts, 500)
+        print(f"tiny random Qwen3 ({args.layers} layers, hidden 64, vocab 512), fp32, {args.device}, "
+              f"threads={torch.get_num_threads()}, {args.prompts} prompts x {args.max_new_tokens} tokens")
+    else:
+        target, prompts, drafters = real_target(args.model, args.prompts)
+        print(f"{args.model} ({target.num_layers} layers, {target.dtype}), its drafters {sorted(drafters)}, "
+              f"threads={torch.get_num_threads()}, {len(prompts)} MT-Bench prompts x {args.max_new_tokens} tokens")
     rows = []
-    print(f"tiny random Qwen3 ({args.layers} layers, hidden 64, vocab 512), fp32, {args.device}, threads={torch.get_num_threads()}, "
-          f"{args.prompts} prompts x {args.max_new_tokens} tokens")
     print(f"{'method':22s} {'T':>3s} {'steps':>6s} {'tok/step':>8s} {'wall ms':>8s} {'fwd ms':>8s} {'host ms':>8s}"
           + (f" {'host ops':>8s}" if args.count_ops else ""))
     runs = [(m, {}) for m in args.methods.split(",") if m]
     runs += [(m, {"compile": True}) for m in args.compiled.split(",") if m]
     for name, overrides in runs:
-        method = build_method(name, target, folder, **overrides)
+        method = build_method(name, target, folder, **drafter_override(name, drafters), **overrides)
         label = name + (" compiled" if overrides else "")
         for temperature in (float(t) for t in args.temperatures.split(",")):
-            r = host_overhead(method, target, mixed_prompts(args.prompts, 500), args.max_new_tokens, temperature)
+            r = host_overhead(method, target, prompts, args.max_new_tokens, temperature)
             if not overrides:
                 rows.append((name, temperature, r))
             ops = f" {'–':>8s}" if args.count_ops else ""
             if args.count_ops and not overrides:  # a compiled region would be traced with the counter: not counted
-                counted = host_overhead(method, target, mixed_prompts(args.prompts, 500), args.max_new_tokens,
+                counted = host_overhead(method, target, prompts, args.max_new_tokens,
                                         temperature, count_ops=True)
                 ops = f" {counted['host_ops']:8.1f}"
             print(f"{label:22s} {temperature:3g} {r['steps']:6d} {r['tokens_per_step']:8.2f} {r['wall_ms']:8.3f} "
@@ -74,6 +88,37 @@ def main() -> None:
     name, temperature, worst = max(rows, key=lambda row: row[2]["host_ms"])
     print(f"(worst at T={temperature:g}; goal <= 0.5 ms/step)")
     print(f"worst host overhead: {name} {worst['host_ms']:.3f} ms/step")
+
+
+def real_target(name: str, limit: int):
+    """The model config `name` as the pipeline loads it, its MT-Bench first turns and its drafters by kind
+    (shipped paths resolved under pipeline/assets)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from bench_engine import compose_run, load  # this folder's helpers: Hydra composition as the CLI does it
+
+    from decoding.engine.target import TargetModel
+    from pipeline.resources import SHIPPED_DRAFTERS
+
+    model, tokenizer, prompts = load(name, "mt_bench", limit)
+    drafters = dict(compose_run([f"model={name}"]).model.drafters)
+    drafters = {k: str(SHIPPED_DRAFTERS / v) if (SHIPPED_DRAFTERS / v).exists() else v for k, v in drafters.items()}
+    return TargetModel(model, tokenizer), prompts, drafters
+
+
+def drafter_override(name: str, drafters: dict) -> dict:
+    """{"drafter": the model's drafter} for a method whose config has a drafter field of a kind the model has."""
+    from dataclasses import fields
+
+    from decoding import method_configs
+    from pipeline.zoo import BASE_METHOD
+
+    base = BASE_METHOD.get(name, name)
+    kind = {"domino": "domino", "dominotree": "domino", "eagle3": "eagle3"}.get(base, "dflash")
+    has_field = any(f.name == "drafter" for f in fields(method_configs()[base]))  # block drafters and EAGLE-3
+    return {"drafter": drafters[kind]} if has_field and kind in drafters else {}
 
 
 if __name__ == "__main__":

@@ -154,6 +154,10 @@ def save_random_eagle3(target: TargetModel, path: Path, seed: int = 0) -> str:
     return str(path)
 
 
+# the zoo's variants and the method config each one sets
+BASE_METHOD = {"ptd_forest": "ptd", "sd_slim": "sd", "dominotree_reference": "dominotree", "via_sd_eagle3": "via_sd"}
+
+
 def build_method(name: str, target: TargetModel, folder: Path, shape: str = "tiny", **overrides):
     """`name` (one of METHODS) at its defaults on `target`; drafters and a mask go to `folder`."""
     import importlib
@@ -171,8 +175,7 @@ def build_method(name: str, target: TargetModel, folder: Path, shape: str = "tin
     if not (drafters / "eagle3" / "config.json").exists():
         save_random_drafters(target, drafters, shape)
     configs = method_configs()
-    base = {"ptd_forest": "ptd", "sd_slim": "sd", "dominotree_reference": "dominotree",
-            "via_sd_eagle3": "via_sd"}.get(name, name)
+    base = BASE_METHOD.get(name, name)
     fields = dict(overrides)
     if name == "ptd_forest":  # the ablation's option, as conf/method/ptd_forest.yaml has it
         import yaml  # not OmegaConf: this module runs where only torch and transformers are (the GPU image)

@@ -1,9 +1,12 @@
 """benchmarks/bench_host_overhead.py: per-method host ms per step, ending with the worst one."""
 
+import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
@@ -23,3 +26,31 @@ def test_host_overhead_prints_a_row_per_method_and_temperature_and_the_worst_las
     assert ops[("ar", "0")] < 60
     worst = re.fullmatch(r"worst host overhead: (\w+) ([0-9.]+) ms/step", lines[-1])
     assert worst and float(worst.group(2)) == max(host.values())
+
+
+def test_a_real_model_run_gives_each_method_the_models_own_drafter():
+    sys.path.insert(0, str(PROJECT_ROOT / "benchmarks"))
+    from bench_host_overhead import drafter_override
+
+    drafters = {"dflash": "d/dflash", "domino": "d/domino", "eagle3": "d/eagle3"}
+    assert drafter_override("dominotree", drafters) == drafter_override("domino", drafters) == {"drafter": "d/domino"}
+    assert drafter_override("ddtree", drafters) == drafter_override("caddtree", drafters) == {"drafter": "d/dflash"}
+    assert drafter_override("eagle3", drafters) == {"drafter": "d/eagle3"}
+    # methods without a drafter field (their drafter is the target's layers or a config of its own) keep the zoo's
+    assert drafter_override("sd", drafters) == drafter_override("via_sd_eagle3", drafters) == {}
+    assert drafter_override("ddtree", {}) == {}  # a model without a DFlash drafter: the zoo's random one
+
+
+@pytest.mark.slow
+def test_host_overhead_on_the_offline_model_with_its_shipped_drafters(tmp_path):
+    proc = subprocess.run([sys.executable, "benchmarks/bench_host_overhead.py", "--model", "smollm2-135m",
+                           "--methods", "ar,dominotree", "--prompts", "1", "--max-new-tokens", "16", "--temperatures", "0",
+                           "--compiled", ""], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "SPECDEC_CACHE": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.strip().splitlines()
+    assert lines[0].startswith("smollm2-135m (30 layers") and "['dflash', 'domino', 'eagle3']" in lines[0]
+    rows = {ln.split()[0]: ln.split() for ln in lines if ln.split() and ln.split()[0] in ("ar", "dominotree")}
+    assert set(rows) == {"ar", "dominotree"}
+    assert float(rows["dominotree"][3]) > 1.0  # tokens per step: the shipped Domino drafter is accepted, a random one is not
+    assert re.fullmatch(r"worst host overhead: \w+ [0-9.]+ ms/step", lines[-1])
