@@ -118,7 +118,8 @@ def chain_picks(table, w_next_t, w2, z_proj, base_rows, noise, first, pool):
     for k in range(n):
         rows.append(torch.addmv(base_list[k], w2, F.silu(z_rows[k] + s_proj)))
         pick = (rows[-1] + noise_rows[k]).argmax() if noise_rows is not None else rows[-1].argmax()
-        picks.append(pick if pool is None else pool.take(pick))  # the pool index as a vocabulary id (0-dim)
+        # gather, not take: torch.compile cannot trace take with a data-dependent index (method.compile)
+        picks.append(pick if pool is None else pool.gather(0, pick.view(1)).view(()))
         if k + 1 < n:
             h, gh_ru, gh_n, s_proj = gru_step(F.embedding(picks[-1], table), h, gh_ru, gh_n, w_next_t)
     return torch.stack(picks), torch.stack(rows)
