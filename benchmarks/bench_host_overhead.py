@@ -93,11 +93,7 @@ def main() -> None:
 def real_target(name: str, limit: int):
     """The model config `name` as the pipeline loads it, its MT-Bench first turns and its drafters by kind
     (shipped paths resolved under pipeline/assets)."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).parent))
-    from bench_engine import compose_run, load  # this folder's helpers: Hydra composition as the CLI does it
+    from bench_engine import compose_run, load  # this folder is on the path when a script here runs
 
     from decoding.engine.target import TargetModel
     from pipeline.resources import SHIPPED_DRAFTERS

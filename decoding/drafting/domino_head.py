@@ -107,7 +107,7 @@ class Float32Head:
         self.w_s_t = self.w_s.t()  # [G, E], one view kept: the tree builder's CUDA graph checks weights by identity
         self.w_hh_t = self.gru.weight_hh_l0.t().contiguous()  # [G, 3G]
         # [G, 3G + E]: a chain step's one matmul gives the next step's W_hh h and this state's W1_s h
-        self.w_next_t = torch.cat([self.w_hh_t, self.w_s.t()], dim=1).contiguous()
+        self.w_next_t = torch.cat([self.w_hh_t, self.w_s_t], dim=1).contiguous()
         self.w2 = self.embed_proj[2].weight  # [V, E]
         self._input_table: torch.Tensor | None = None
 
