@@ -1,56 +1,70 @@
-"""What CaDDTree's first read of ranks costs when its trees reach the 1024-node cap (a flat verify-cost curve,
-as on the H200 of docs/gpu-bf16.md) on Qwen3's 152k vocabulary: the marginal children of 16 depths read with
-`first_read` = the last tree's node count (before 2026-12-04) against the ranks the last tree looked at.
+"""What a CaDDTree round costs the host when its trees reach the 1024-node cap (a flat verify-cost curve, as on
+the H200 of docs/gpu-bf16.md) on Qwen3's 152k vocabulary: the node-by-node heap (`build_best_first` over
+`marginal_expand`, as CaDDTree built its trees until 2026-12-05) against the depth-by-depth build
+(`build_marginal_tree`, now), each reading first the ranks (and, depth by depth, building first the nodes)
+the last round needed. `same scores`: rounds whose trees score the same at every rank of the best-first
+order as the heap's (bf16 logits tie often, and the two break ties differently).
 
-    python benchmarks/bench_marginal_reads.py
+    python benchmarks/bench_marginal_reads.py [--vocab 151936] [--cap 1024]
 
-Per distribution sharpness (logits = N(0, 1) x scale, in bf16 as a drafter's): the tree's ranks read, and the
-median ms of `marginal_expand` + `build_best_first` (+ CaDDTree's stop rule) over rounds 2-8 of 8, each policy
-fed the same rounds. On a CPU the full-vocabulary log-softmax and top-k are part of it (on a GPU they are
-device work); `to_host ms` is the host conversion of the last round's first read alone (median of 21), the
-part a GPU pays on the host too.
+Per distribution sharpness (logits = N(0, 1) x scale, in bf16 as a drafter's): the tree's size and ranks read,
+and the median ms per round over rounds 2-8 of 8, each builder fed the same rounds. On a CPU the
+full-vocabulary log-softmax and top-k are part of it (`vocab ms`: that part alone; on a GPU it is device work).
 """
 
+import argparse
 import time
 
 import torch
 
-from decoding.drafting.draft_tree import FIRST_READ, build_best_first, first_read_after, marginal_expand
+from decoding.drafting.draft_tree import build_best_first, first_read_after, marginal_expand
+from decoding.drafting.marginal_tree import build_marginal_tree
 from decoding.drafting.verify_cost import CostAwareStop, VerifyCostModel
-from decoding.engine.transfer import to_host
 
-VOCAB, DEPTHS, CAP = 151936, 16, 1024
-FLAT = VerifyCostModel(node_counts=[0, CAP], context_lengths=[64], fitted=[[0.03, 0.0300001]], draft_s=0.005)
+DEPTHS = 16
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--vocab", type=int, default=151936)
+    ap.add_argument("--cap", type=int, default=1024)
+    args = ap.parse_args()
+    cap = args.cap
+    flat = VerifyCostModel(node_counts=[0, cap], context_lengths=[64], fitted=[[0.03, 0.0300001]], draft_s=0.005)
     torch.set_num_threads(1)
     gen = torch.Generator().manual_seed(0)
-    print("| scale | nodes | ranks read | policy | first read | build ms | to_host ms |")
+    print("| scale | nodes | ranks read | builder | build ms | vocab ms | same scores |")
     print("|---|---|---|---|---|---|---|")
     for scale in (3.0, 6.0, 10.0):
-        rounds = [(torch.randn(DEPTHS, VOCAB, generator=gen) * scale).to(torch.bfloat16).float() for _ in range(8)]
-        for policy in ("last nodes", "last ranks"):
-            last, times, reads = 0, [], []
+        rounds = [(torch.randn(DEPTHS, args.vocab, generator=gen) * scale).to(torch.bfloat16).float()
+                  for _ in range(8)]
+        trees = {}
+        for builder in ("heap", "depth by depth"):
+            ranks = nodes = 0
+            times, trees[builder] = [], []
             for logits in rounds:
-                # before 2026-12-04: twice the last tree's node count; now: first_read_after its ranks read
-                first = max(FIRST_READ, 2 * last) if policy == "last nodes" else first_read_after(last)
                 t0 = time.perf_counter()
-                built = build_best_first(1, marginal_expand(logits, CAP, first_read=first), CAP, DEPTHS,
-                                         admit=CostAwareStop(FLAT, 64))
+                if builder == "heap":
+                    built = build_best_first(1, marginal_expand(logits, cap, first_read=first_read_after(ranks)),
+                                             cap, DEPTHS, admit=CostAwareStop(flat, 64))
+                else:
+                    built = build_marginal_tree(1, logits, cap, cap, CostAwareStop(flat, 64),
+                                                first_read=first_read_after(ranks), first_nodes=first_read_after(nodes))
                 times.append(time.perf_counter() - t0)
-                reads.append(min(first, CAP))
-                last = built.tree.num_draft_nodes() if policy == "last nodes" else built.ranks_read
-            values, ids = torch.topk(torch.log_softmax(rounds[-1], -1), reads[-1], dim=-1)
-            conversions = []
-            for _ in range(21):
+                ranks, nodes = built.ranks_read, built.tree.num_draft_nodes()
+                trees[builder].append(built.scores)
+            vocab = []
+            for _ in range(7):
                 t0 = time.perf_counter()
-                to_host(values, ids)
-                conversions.append(time.perf_counter() - t0)
-            convert = sorted(conversions)[10]
+                torch.topk(torch.log_softmax(rounds[-1], -1), min(cap, first_read_after(ranks)), dim=-1)
+                vocab.append(time.perf_counter() - t0)
             median = sorted(times[1:])[len(times[1:]) // 2]
-            print(f"| {scale:g} | {built.tree.num_draft_nodes()} | {built.ranks_read} | {policy} | {reads[-1]} | "
-                  f"{1000 * median:.2f} | {1000 * convert:.2f} |", flush=True)
+            # bf16 logits tie often: the builders may then pick different nodes of equal score, so the check is
+            # that every rank of the best-first order scores the same
+            same = sum(len(a) == len(b) and max(abs(x - y) for x, y in zip(a, b)) < 1e-6
+                       for a, b in zip(trees[builder], trees["heap"]))
+            print(f"| {scale:g} | {nodes} | {ranks} | {builder} | {1000 * median:.2f} | {1000 * sorted(vocab)[3]:.2f} | "
+                  f"{same}/{len(rounds)} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -114,14 +114,23 @@ def _interp_rows(x: float, xs: list[int], rows: np.ndarray) -> np.ndarray:
 
 
 class CostAwareStop:
-    """CaDDTree's admission rule for `build_best_first(admit=...)`; counts how often the cap, not
-    the rule, ended the tree (CondAdaptive saturation)."""
+    """CaDDTree's admission rule: node by node for `build_best_first(admit=...)` (`__call__`), or on a
+    whole best-first order for `build_marginal_tree` (`admitted`)."""
 
     def __init__(self, model: VerifyCostModel, context: int):
         self.model, self.context = model, context
         self.phi = 0.0
         self.verify = model.curve_at(context)  # Cv(n, ctx)
         self.theta = 1.0 / (model.draft_s + self.verify(0))
+
+    def admitted(self, scores: np.ndarray) -> int:
+        """How many of a tree's node scores, best first, the rule admits: what calling it node by node
+        would give (the marginal builder applies it to the whole best-first order at once)."""
+        n = min(len(scores), self.model.max_nodes)
+        phi = self.phi + np.cumsum(np.exp(scores[:n]))
+        theta = (1.0 + phi) / (self.model.draft_s + self.model.verify_curve(self.context)[1:n + 1])
+        falls = np.flatnonzero(np.diff(np.concatenate([[self.theta], theta])) <= 0)
+        return int(falls[0]) if len(falls) else n
 
     def __call__(self, n: int, score: float) -> bool:
         if n + 1 > self.model.max_nodes:  # never admit a node the profile does not cover

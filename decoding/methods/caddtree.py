@@ -15,7 +15,8 @@ from typing import Optional
 import torch
 
 from decoding.methods.block_draft import BlockDraftMethod
-from decoding.drafting.draft_tree import build_best_first, first_read_after, marginal_expand
+from decoding.drafting.draft_tree import first_read_after
+from decoding.drafting.marginal_tree import build_marginal_tree
 from decoding.engine.loop import DecodeState, Proposal
 from decoding.engine.target import TargetModel
 from decoding.drafting.verify_cost import (CostAwareStop, admissible_node_grid, cached_cost_model, machine_key,
@@ -88,16 +89,16 @@ class CaDDTree(BlockDraftMethod):
 
     def begin(self, state: DecodeState) -> None:
         super().begin(state)
-        self.last_ranks = 0
+        self.last_ranks = self.last_nodes = 0
 
     def propose(self, state: DecodeState) -> Proposal:
         logits = self.draft_pass(state).logits
         cap = self.config.max_budget
-        # trees change little from one round to the next: first read what the last one needed
-        expand = marginal_expand(logits, cap, first_read=first_read_after(self.last_ranks))
-        built = build_best_first(state.root, expand, cap, max_depth=len(logits),
-                                 admit=CostAwareStop(self.cost, self.target.cache_len))
-        self.last_ranks = built.ranks_read
+        # trees change little from one round to the next: first read (and build) what the last one needed
+        built = build_marginal_tree(state.root, logits, cap, cap, admit=CostAwareStop(self.cost, self.target.cache_len),
+                                    first_read=first_read_after(self.last_ranks),
+                                    first_nodes=first_read_after(self.last_nodes))
+        self.last_ranks, self.last_nodes = built.ranks_read, built.tree.num_draft_nodes()
         state.stats.add_extra("tree_nodes", built.tree.num_draft_nodes())
         state.stats.add_extra("budget_cap_hits", int(not built.stopped_early and built.tree.num_draft_nodes() == cap))
         return Proposal(built.tree, hidden_layers=self.taps)

@@ -2,8 +2,8 @@
 per-position marginals instead of a single chain.
 
     lp[d]  = top-k log_softmax(logits[d]), k = min(budget, V)       # per depth
-    heap   = [(lp[0][0], depth 1, rank 0, parent root)]
-    until budget nodes: pop the best path; push its next sibling and its best child
+    tree   = the `budget` best paths by sum of lp: best-first, as a heap would pop them
+             (built depth by depth, decoding/drafting/marginal_tree.py)
     verify the tree in one target forward (tree mask, positions by depth)
 
 Under the drafter's independence assumption, best-first by path probability maximises the
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from decoding.methods.block_draft import BlockDraftMethod
-from decoding.drafting.draft_tree import build_best_first, marginal_expand
+from decoding.drafting.marginal_tree import build_marginal_tree
 from decoding.engine.loop import DecodeState, Proposal
 from pipeline.errors import check_range
 
@@ -37,8 +37,7 @@ class DDTree(BlockDraftMethod):
 
     def propose(self, state: DecodeState) -> Proposal:
         logits = self.draft_pass(state).logits
-        built = build_best_first(state.root, marginal_expand(logits, self.config.budget), self.config.budget,
-                                 max_depth=len(logits))
+        built = build_marginal_tree(state.root, logits, self.config.budget, self.config.budget)
         return Proposal(built.tree, hidden_layers=self.taps)
 
 

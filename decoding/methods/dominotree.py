@@ -23,7 +23,8 @@ from typing import Optional
 from decoding.methods.block_draft import BlockDraftMethod
 from decoding.methods.caddtree import check_profile_grid, machine_cost_model
 from decoding.drafting.domino_scorer import LevelBuilder, ReferenceScorer
-from decoding.drafting.draft_tree import build_best_first, marginal_expand
+from decoding.drafting.draft_tree import build_best_first
+from decoding.drafting.marginal_tree import build_marginal_tree
 from decoding.engine.loop import DecodeState, Proposal
 from decoding.engine.target import TargetModel
 from decoding.drafting.verify_cost import CostAwareStop
@@ -78,11 +79,12 @@ class DominoTree(BlockDraftMethod):
             builder = LevelBuilder(self.drafter, self.head, self.embed, draft.hidden, draft.logits, cfg.node_topk,
                                    cfg.corr_topm, graph_holder=self.graphs)
             built = builder.build(state.root, cap, max_depth=len(draft.logits), admit=admit)
+        elif cfg.scoring == "marginal":
+            built = build_marginal_tree(state.root, draft.logits, cfg.node_topk, cap, admit=admit)
         else:
-            expand = marginal_expand(draft.logits, cfg.node_topk) if cfg.scoring == "marginal" else \
-                ReferenceScorer(self.drafter, self.head, self.embed, draft.hidden, draft.logits, cfg.node_topk,
-                                cfg.corr_topm)
-            built = build_best_first(state.root, expand, cap, max_depth=len(draft.logits), admit=admit)
+            scorer = ReferenceScorer(self.drafter, self.head, self.embed, draft.hidden, draft.logits, cfg.node_topk,
+                                     cfg.corr_topm)
+            built = build_best_first(state.root, scorer, cap, max_depth=len(draft.logits), admit=admit)
         if self.cost is not None:
             state.stats.add_extra("tree_nodes", built.tree.num_draft_nodes())
             state.stats.add_extra("budget_cap_hits", int(not built.stopped_early and built.tree.num_draft_nodes() == cap))
