@@ -100,11 +100,23 @@ class TokenTree:
         at every ancestor of i."""
         n = len(self.tokens)
         mask = np.zeros((n, n), dtype=bool)
-        for i, p in enumerate(self.parents):
-            if p >= 0:
-                mask[i] = mask[p]
-            mask[i, i] = True
-        return mask
+        if n <= 64:  # a numpy call per node is cheapest for small trees
+            for i, p in enumerate(self.parents):
+                if p >= 0:
+                    mask[i] = mask[p]
+                mask[i, i] = True
+            return mask
+        # a large tree (CaDDTree's, up to 1024 nodes): every node climbs one level per pass, marking the node
+        # it reaches (the root is its own parent here, so a node that got there stays), a pass per depth
+        rows = np.arange(n)
+        up = np.asarray(self.parents)
+        up[0] = 0
+        reached = rows
+        while True:
+            mask[rows, reached] = True
+            if not reached.any():
+                return mask
+            reached = up[reached]
 
     def ancestor_mask(self) -> torch.Tensor:
         return torch.from_numpy(self.ancestor_array())

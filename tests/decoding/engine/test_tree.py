@@ -24,6 +24,20 @@ def test_ancestor_mask_is_ancestors_and_self():
     assert torch.equal(tree.ancestor_mask(), expected)
 
 
+@pytest.mark.parametrize("size, seed", [(10, 0), (64, 1), (65, 2), (300, 3), (1025, 4)])
+def test_ancestor_mask_of_small_and_large_trees_is_every_root_path(size, seed):
+    """Small trees are marked row by row, large ones a level per pass: both give each node's root path."""
+    gen = torch.Generator().manual_seed(seed)
+    # parents anywhere before the node: wide and deep parts in one tree
+    parents = [-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, size)]
+    tree = TokenTree(list(range(size)), parents)
+    mask = tree.ancestor_array()
+    for node in range(size):
+        assert set(mask[node].nonzero()[0].tolist()) == set(tree.path_to(node))
+    chain = TokenTree.chain(0, list(range(1, 200)))
+    assert (chain.ancestor_array() == torch.tril(torch.ones(200, 200, dtype=torch.bool)).numpy()).all()
+
+
 def test_chain_and_root_only():
     assert TokenTree.chain(5, [6, 7]).parents == [-1, 0, 1]
     assert TokenTree.root_only(3).num_draft_nodes() == 0
