@@ -10,11 +10,14 @@ the host work of a step is serial with it unless it is this small).
     python benchmarks/bench_host_overhead.py [--methods ar,pld,ptd] [--compiled domino] [--prompts 4] [--layers 36]
         [--max-new-tokens 64]
     python benchmarks/bench_host_overhead.py --model smollm2-135m --methods ar,ddtree,dominotree --compiled ""
+    python benchmarks/bench_host_overhead.py --methods caddtree --flat-cost --compiled ""
 
 `--model NAME`: that model config instead (as `python -m pipeline model=NAME` loads it), MT-Bench first turns,
 and the model's own drafters (`model.drafters`) for the methods that take one: the host work that grows with a
 real vocabulary (top-k, softmax, running sums over 49k-152k entries), which is device work on a GPU. Methods
 without a drafter field keep the random drafters of pipeline/zoo.py.
+
+`--flat-cost`: CaDDTree and cost-aware DominoTree with a flat verify-cost curve (a GPU's): their trees reach the cap.
 
 `--compiled` (default domino): methods also measured with method.compile=true (their rows say
 "compiled"; not in the worst line, which is about the defaults). `--count-ops`: a last column with the
@@ -52,6 +55,9 @@ def main() -> None:
     # a count that does not depend on the machine's load, where the times on a shared machine do
     ap.add_argument("--count-ops", action="store_true")
     ap.add_argument("--model", default="tiny", help="tiny (random) or a model config name (its drafters)")
+    # CaDDTree (and DominoTree budget=cond_adaptive) with a flat verify-cost curve, as profiled on an H200: the
+    # stop rule then admits trees up to the cap (1024 nodes), the host work a GPU run of these methods meets
+    ap.add_argument("--flat-cost", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     folder = tempfile.mkdtemp(prefix="host_overhead_")
@@ -68,11 +74,13 @@ def main() -> None:
               f"threads={torch.get_num_threads()}, {len(prompts)} MT-Bench prompts x {args.max_new_tokens} tokens")
     rows = []
     print(f"{'method':22s} {'T':>3s} {'steps':>6s} {'tok/step':>8s} {'wall ms':>8s} {'fwd ms':>8s} {'host ms':>8s}"
-          + (f" {'host ops':>8s}" if args.count_ops else ""))
+          + (f" {'host ops':>8s}" if args.count_ops else "") + (f" {'nodes':>6s}" if args.flat_cost else ""))
     runs = [(m, {}) for m in args.methods.split(",") if m]
     runs += [(m, {"compile": True}) for m in args.compiled.split(",") if m]
     for name, overrides in runs:
         method = build_method(name, target, folder, **drafter_override(name, drafters), **overrides)
+        if args.flat_cost and getattr(method, "cost", None) is not None:
+            method.cost = flat_cost_model(method.config.max_budget)
         label = name + (" compiled" if overrides else "")
         for temperature in (float(t) for t in args.temperatures.split(",")):
             r = host_overhead(method, target, prompts, args.max_new_tokens, temperature)
@@ -84,10 +92,18 @@ def main() -> None:
                                         temperature, count_ops=True)
                 ops = f" {counted['host_ops']:8.1f}"
             print(f"{label:22s} {temperature:3g} {r['steps']:6d} {r['tokens_per_step']:8.2f} {r['wall_ms']:8.3f} "
-                  f"{r['forward_ms']:8.3f} {r['host_ms']:8.3f}{ops}", flush=True)
+                  f"{r['forward_ms']:8.3f} {r['host_ms']:8.3f}{ops}"
+                  + (f" {r['draft_tokens_per_step']:6.1f}" if args.flat_cost else ""), flush=True)
     name, temperature, worst = max(rows, key=lambda row: row[2]["host_ms"])
     print(f"(worst at T={temperature:g}; goal <= 0.5 ms/step)")
     print(f"worst host overhead: {name} {worst['host_ms']:.3f} ms/step")
+
+
+def flat_cost_model(max_budget: int):
+    """A verify cost that does not grow with the tree (30 ms for 0..max_budget nodes) and a 5 ms drafting pass."""
+    from decoding.drafting.verify_cost import VerifyCostModel
+
+    return VerifyCostModel(node_counts=[0, max_budget], context_lengths=[64], fitted=[[0.03, 0.03]], draft_s=0.005)
 
 
 def real_target(name: str, limit: int):

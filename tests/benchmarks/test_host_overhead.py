@@ -28,6 +28,17 @@ def test_host_overhead_prints_a_row_per_method_and_temperature_and_the_worst_las
     assert worst and float(worst.group(2)) == max(host.values())
 
 
+def test_a_flat_cost_curve_grows_caddtree_to_its_cap(tmp_path):
+    """--flat-cost: the verify cost of a GPU (flat in the node count), so CaDDTree's trees reach max_budget."""
+    proc = subprocess.run([sys.executable, "benchmarks/bench_host_overhead.py", "--methods", "caddtree", "--prompts", "1",
+                           "--max-new-tokens", "6", "--compiled", "", "--temperatures", "0", "--flat-cost"],
+                          cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600,
+                          env={"SPECDEC_CACHE": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    row = next(ln.split() for ln in proc.stdout.splitlines() if ln.startswith("caddtree"))
+    assert float(row[-1]) == 1024  # nodes per tree: the default max_budget
+
+
 def test_a_real_model_run_gives_each_method_the_models_own_drafter():
     sys.path.insert(0, str(PROJECT_ROOT / "benchmarks"))
     from bench_host_overhead import drafter_override
