@@ -1,4 +1,5 @@
-"""The best-first draft-tree builder shared by DDTree, CaDDTree and DominoTree.
+"""The best-first draft-tree builder shared by DDTree, CaDDTree and DominoTree (for marginal trees
+of more than 64 nodes, `decoding/drafting/marginal_tree.py` builds the same trees depth by depth).
 
 One heap keyed by cumulative log-probability. A node's candidate children come from `expand`,
 called once when the node enters the tree, as token ids with log-probabilities sorted best

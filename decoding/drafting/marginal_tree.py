@@ -23,22 +23,43 @@ the shared heap (`draft_tree.build_best_first`), which gives the same trees.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
-from typing import Optional
 
 import numpy as np
 import torch
 
-from decoding.drafting.draft_tree import FIRST_READ, BuiltTree, build_best_first, marginal_expand
+from decoding.drafting.draft_tree import FIRST_READ, BuiltTree, build_best_first, first_read_after, marginal_expand
 from decoding.engine.tree import TokenTree
 
 # up to this many nodes a heap is cheaper (a few microseconds per node) than the depth-by-depth build (tens
-# of microseconds per depth, whatever the size); 64 nodes measured about even on a CPU
+# of microseconds per depth, whatever the size): `bench_marginal_reads.py --small` times both
 HEAP_NODES = 64
+FIRST_NODES = 32  # paths built first by a cost-aware tree with no last round to go by
+
+
+class MarginalTrees:
+    """A method's marginal trees, round after round: each round first reads twice the ranks, and (with a
+    stop rule) first builds twice the paths, that the last round's tree needed. Where a round starts
+    changes its cost, not its tree (ties aside: the heap and the depth-by-depth build may keep different
+    nodes of equal score). `reset` at every prompt, so a prompt's trees never depend on the prompt before."""
+
+    def __init__(self, k: int, budget: int):
+        self.k, self.budget = k, budget
+        self.reset()
+
+    def reset(self) -> None:
+        self.ranks = self.nodes = 0
+
+    def build(self, root: int, logits: torch.Tensor, admit=None) -> BuiltTree:
+        built = build_marginal_tree(root, logits, self.k, self.budget, admit, first_read=first_read_after(self.ranks),
+                                    first_nodes=max(FIRST_NODES, 2 * self.nodes))
+        self.ranks, self.nodes = built.ranks_read, built.tree.num_draft_nodes()
+        return built
 
 
 def build_marginal_tree(root: int, logits: torch.Tensor, k: int, budget: int, admit=None,
-                        first_read: int = FIRST_READ, first_nodes: int = FIRST_READ) -> BuiltTree:
+                        first_read: int = FIRST_READ, first_nodes: int = FIRST_NODES) -> BuiltTree:
     """The best `budget` paths (each depth's tokens among its top `k`) of `logits` [D, V] (row d: depth
     d + 1) as a tree in best-first order; `admit` (a `CostAwareStop`) may keep only a prefix of it. The
     first `first_read` ranks of each depth are read first. A tree expected to be small (`budget`, or
@@ -46,7 +67,7 @@ def build_marginal_tree(root: int, logits: torch.Tensor, k: int, budget: int, ad
     the best `first_nodes` paths first and twice as many while the rule admits them all (the best n
     paths are the first n of the best `budget`, so the prefix it keeps is the same)."""
     size = budget if admit is None else min(budget, max(first_nodes, 1))
-    if size <= HEAP_NODES:
+    if size <= HEAP_NODES or not len(logits):
         return build_best_first(root, marginal_expand(logits, k, first_read), budget, len(logits), admit)
     logprobs = torch.log_softmax(logits.float(), dim=-1)
     width = min(k, logits.shape[-1])
@@ -55,12 +76,12 @@ def build_marginal_tree(root: int, logits: torch.Tensor, k: int, budget: int, ad
         values, ids = torch.topk(logprobs, read, dim=-1)
         # one device->host copy; ids are exact in float32 (vocabularies are far below 2**24)
         host = torch.stack([values, ids.to(values.dtype)]).numpy(force=True)
-        nodes = _best_paths(host[0].astype(np.float64), size)
-        order, stopped = nodes.order, False
+        paths = _best_paths(host[0].astype(np.float64), size)
+        order, stopped = paths.order, False
         if admit is not None:
-            kept = admit.admitted(nodes.scores[order])
+            kept = admit.admitted(paths.scores[order])
             stopped, order = kept < len(order), order[:kept]
-        used = nodes.token_rank[order]
+        used = paths.token_rank[order]
         if len(order) and used.max() == read - 1 and read < min(width, size):
             read = min(width, size, 2 * read)  # a depth used its last rank read: the next could be in the tree
         elif admit is not None and not stopped and len(order) == size < budget:
@@ -68,17 +89,22 @@ def build_marginal_tree(root: int, logits: torch.Tensor, k: int, budget: int, ad
             read = min(width, max(read, first_read), size)
         else:
             break
-    return _as_tree(root, nodes, order, host[1], stopped, int(used.max()) + 2 if len(order) else 1)
+    # as the heap's `ranks_read`: the deepest rank used plus one, plus one for the sibling after it
+    ranks_read = min(width, int(used.max()) + 2) if len(order) else 1
+    return _as_tree(root, paths, order, host[1], stopped, ranks_read)
 
 
+@dataclass
 class _Paths:
     """The candidate paths of every depth, depth-major: score, depth (0-based row), rank of the parent
     within the previous depth's candidates (-1: the root), rank of the token within its depth's read;
-    `order`: the best `budget` of them, best first."""
-
-    def __init__(self, scores, depth, parent_rank, token_rank, offsets, order):
-        self.scores, self.depth, self.parent_rank, self.token_rank = scores, depth, parent_rank, token_rank
-        self.offsets, self.order = offsets, order
+    where each depth starts; `order`: the best `budget` of them, best first."""
+    scores: np.ndarray
+    depth: np.ndarray
+    parent_rank: np.ndarray
+    token_rank: np.ndarray
+    offsets: np.ndarray
+    order: np.ndarray
 
 
 @lru_cache(maxsize=64)
@@ -126,14 +152,15 @@ def _best_paths(values: np.ndarray, budget: int) -> _Paths:
     return _Paths(-all_costs, depth, np.concatenate(parent_rank), np.concatenate(token_rank), offsets, order)
 
 
-def _as_tree(root: int, nodes: _Paths, order: np.ndarray, ids: np.ndarray, stopped: bool,
+def _as_tree(root: int, paths: _Paths, order: np.ndarray, ids: np.ndarray, stopped: bool,
              ranks_read: int) -> BuiltTree:
     """Nodes numbered in best-first order (a parent scores at least its child and comes first on a tie)."""
-    node_of = np.zeros(len(nodes.scores), dtype=np.int64)
+    node_of = np.zeros(len(paths.scores), dtype=np.int64)
     node_of[order] = np.arange(1, len(order) + 1)
-    depth = nodes.depth[order]
-    parent_index = nodes.offsets[np.maximum(depth - 1, 0)] + nodes.parent_rank[order]
+    depth = paths.depth[order]
+    # a depth-1 path's parent is the root: its (meaningless) ledger index is read and replaced by node 0
+    parent_index = paths.offsets[np.maximum(depth - 1, 0)] + paths.parent_rank[order]
     parents = np.where(depth == 0, 0, node_of[parent_index])
-    tokens = ids[depth, nodes.token_rank[order]].astype(np.int64)
+    tokens = ids[depth, paths.token_rank[order]].astype(np.int64)
     tree = TokenTree([root, *tokens.tolist()], [-1, *parents.tolist()])
-    return BuiltTree(tree, [0.0, *nodes.scores[order].tolist()], stopped, ranks_read)
+    return BuiltTree(tree, [0.0, *paths.scores[order].tolist()], stopped, ranks_read)

@@ -127,8 +127,10 @@ class CostAwareStop:
         """How many of a tree's node scores, best first, the rule admits: what calling it node by node
         would give (the marginal builder applies it to the whole best-first order at once)."""
         n = min(len(scores), self.model.max_nodes)
-        phi = self.phi + np.cumsum(np.exp(scores[:n]))
-        theta = (1.0 + phi) / (self.model.draft_s + self.model.verify_curve(self.context)[1:n + 1])
+        delta = np.exp(scores[:n])
+        phi_before = np.cumsum(np.concatenate([[self.phi], delta]))[:-1]  # summed in the order __call__ sums
+        # (1 + phi) + delta, grouped as in __call__: on a flat curve the rule turns on the last bit of it
+        theta = ((1.0 + phi_before) + delta) / (self.model.draft_s + self.model.verify_curve(self.context)[1:n + 1])
         falls = np.flatnonzero(np.diff(np.concatenate([[self.theta], theta])) <= 0)
         return int(falls[0]) if len(falls) else n
 

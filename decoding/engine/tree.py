@@ -97,29 +97,42 @@ class TokenTree:
 
     def ancestor_array(self) -> np.ndarray:
         """Bool [n, n] (numpy: built on the host without a torch op per row): row i is True at i and
-        at every ancestor of i."""
+        at every ancestor of i. A large shallow tree (CaDDTree's, up to 1024 nodes) by levels, the rest
+        row by row: `bench_marginal_reads.py --small` times both."""
         n = len(self.tokens)
-        mask = np.zeros((n, n), dtype=bool)
-        if n <= 64:  # a numpy call per node is cheapest for small trees
-            for i, p in enumerate(self.parents):
-                if p >= 0:
-                    mask[i] = mask[p]
-                mask[i, i] = True
-            return mask
-        # a large tree (CaDDTree's, up to 1024 nodes): every node climbs one level per pass, marking the node
-        # it reaches (the root is its own parent here, so a node that got there stays), a pass per depth
-        rows = np.arange(n)
-        up = np.asarray(self.parents)
-        up[0] = 0
-        reached = rows
-        while True:
-            mask[rows, reached] = True
-            if not reached.any():
-                return mask
-            reached = up[reached]
+        if n > 64 and 16 * max(self.depths) <= n:
+            return ancestors_by_levels(self.parents)
+        return ancestors_by_rows(self.parents)
 
     def ancestor_mask(self) -> torch.Tensor:
         return torch.from_numpy(self.ancestor_array())
 
     def num_draft_nodes(self) -> int:
         return len(self.tokens) - 1
+
+
+def ancestors_by_rows(parents: list[int]) -> np.ndarray:
+    """A numpy call per node: a row is its parent's row plus itself."""
+    n = len(parents)
+    mask = np.zeros((n, n), dtype=bool)
+    for i, p in enumerate(parents):
+        if p >= 0:
+            mask[i] = mask[p]
+        mask[i, i] = True
+    return mask
+
+
+def ancestors_by_levels(parents: list[int]) -> np.ndarray:
+    """A few numpy calls per level of depth: every node climbs one parent per pass, marking the node it
+    reaches (the root is its own parent here, so a node that got there stays); work ~ depth x n."""
+    n = len(parents)
+    mask = np.zeros((n, n), dtype=bool)
+    rows = np.arange(n)
+    up = np.array(parents)  # a copy: the caller's parents are not changed
+    up[0] = 0
+    reached = rows
+    while True:
+        mask[rows, reached] = True
+        if not reached.any():
+            return mask
+        reached = up[reached]

@@ -1,4 +1,4 @@
-"""CaDDTree (Zhang et al., ZhangShuai1230/CaDDTree): DDTree's best-first heap with a per-round,
+"""CaDDTree (Zhang et al., ZhangShuai1230/CaDDTree): DDTree's best-first tree with a per-round,
 cost-aware budget. Instead of a fixed node count, keep adding the next best node while the
 surrogate throughput (1 + sum of accepted-path probabilities) / (Cd + Cv(n, ctx)) still rises;
 with a convex verify cost the surrogate is unimodal, so the greedy stop is optimal. Cv is profiled
@@ -15,8 +15,7 @@ from typing import Optional
 import torch
 
 from decoding.methods.block_draft import BlockDraftMethod
-from decoding.drafting.draft_tree import first_read_after
-from decoding.drafting.marginal_tree import build_marginal_tree
+from decoding.drafting.marginal_tree import MarginalTrees
 from decoding.engine.loop import DecodeState, Proposal
 from decoding.engine.target import TargetModel
 from decoding.drafting.verify_cost import (CostAwareStop, admissible_node_grid, cached_cost_model, machine_key,
@@ -86,19 +85,16 @@ class CaDDTree(BlockDraftMethod):
     def setup(self, target: TargetModel) -> None:
         super().setup(target)
         self.cost = machine_cost_model(self, target, self.config)
+        self.trees = MarginalTrees(self.config.max_budget, self.config.max_budget)
 
     def begin(self, state: DecodeState) -> None:
         super().begin(state)
-        self.last_ranks = self.last_nodes = 0
+        self.trees.reset()
 
     def propose(self, state: DecodeState) -> Proposal:
         logits = self.draft_pass(state).logits
         cap = self.config.max_budget
-        # trees change little from one round to the next: first read (and build) what the last one needed
-        built = build_marginal_tree(state.root, logits, cap, cap, admit=CostAwareStop(self.cost, self.target.cache_len),
-                                    first_read=first_read_after(self.last_ranks),
-                                    first_nodes=first_read_after(self.last_nodes))
-        self.last_ranks, self.last_nodes = built.ranks_read, built.tree.num_draft_nodes()
+        built = self.trees.build(state.root, logits, admit=CostAwareStop(self.cost, self.target.cache_len))
         state.stats.add_extra("tree_nodes", built.tree.num_draft_nodes())
         state.stats.add_extra("budget_cap_hits", int(not built.stopped_early and built.tree.num_draft_nodes() == cap))
         return Proposal(built.tree, hidden_layers=self.taps)

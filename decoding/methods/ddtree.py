@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from decoding.methods.block_draft import BlockDraftMethod
-from decoding.drafting.marginal_tree import build_marginal_tree
+from decoding.drafting.marginal_tree import MarginalTrees
 from decoding.engine.loop import DecodeState, Proposal
 from pipeline.errors import check_range
 
@@ -35,9 +35,16 @@ class DDTreeConfig:
 class DDTree(BlockDraftMethod):
     name = "ddtree"
 
+    def setup(self, target) -> None:
+        super().setup(target)
+        self.trees = MarginalTrees(self.config.budget, self.config.budget)
+
+    def begin(self, state: DecodeState) -> None:
+        super().begin(state)
+        self.trees.reset()
+
     def propose(self, state: DecodeState) -> Proposal:
-        logits = self.draft_pass(state).logits
-        built = build_marginal_tree(state.root, logits, self.config.budget, self.config.budget)
+        built = self.trees.build(state.root, self.draft_pass(state).logits)
         return Proposal(built.tree, hidden_layers=self.taps)
 
 

@@ -10,8 +10,8 @@ rather than marginal distribution.
     heap by cumulative log-prob; pop -> add node (its state: GRUCell(embed(token), parent state))
     until `budget` nodes
 
-Ablations: `scoring=marginal` (same builder, path-independent top-K of base: the DDTree analogue on
-the Domino backbone) and `budget=cond_adaptive` (CaDDTree's cost-aware stop on conditional scores,
+Ablations: `scoring=marginal` (path-independent top-K of base: the DDTree analogue on the Domino
+backbone, built as DDTree's trees are, `decoding/drafting/marginal_tree.py`) and `budget=cond_adaptive` (CaDDTree's cost-aware stop on conditional scores,
 capped at `max_budget`; the paper reports it saturates, so the cap-hit share is recorded).
 """
 
@@ -24,7 +24,7 @@ from decoding.methods.block_draft import BlockDraftMethod
 from decoding.methods.caddtree import check_profile_grid, machine_cost_model
 from decoding.drafting.domino_scorer import LevelBuilder, ReferenceScorer
 from decoding.drafting.draft_tree import build_best_first
-from decoding.drafting.marginal_tree import build_marginal_tree
+from decoding.drafting.marginal_tree import MarginalTrees
 from decoding.engine.loop import DecodeState, Proposal
 from decoding.engine.target import TargetModel
 from decoding.drafting.verify_cost import CostAwareStop
@@ -69,6 +69,12 @@ class DominoTree(BlockDraftMethod):
         super().setup(target)
         self.cost = machine_cost_model(self, target, self.config) if self.config.budget == "cond_adaptive" else None
         self.graphs: dict = {}  # the fast builder's CUDA graph, captured once and replayed at every depth
+        cap = self.config.num_nodes if self.cost is None else self.config.max_budget
+        self.marginal_trees = MarginalTrees(self.config.node_topk, cap)  # scoring=marginal
+
+    def begin(self, state: DecodeState) -> None:
+        super().begin(state)
+        self.marginal_trees.reset()
 
     def propose(self, state: DecodeState) -> Proposal:
         cfg = self.config
@@ -80,7 +86,7 @@ class DominoTree(BlockDraftMethod):
                                    cfg.corr_topm, graph_holder=self.graphs)
             built = builder.build(state.root, cap, max_depth=len(draft.logits), admit=admit)
         elif cfg.scoring == "marginal":
-            built = build_marginal_tree(state.root, draft.logits, cfg.node_topk, cap, admit=admit)
+            built = self.marginal_trees.build(state.root, draft.logits, admit)
         else:
             scorer = ReferenceScorer(self.drafter, self.head, self.embed, draft.hidden, draft.logits, cfg.node_topk,
                                      cfg.corr_topm)

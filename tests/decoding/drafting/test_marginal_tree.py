@@ -107,3 +107,46 @@ def test_the_stop_rule_on_a_whole_order_is_the_node_by_node_rule(seed):
     rule = CostAwareStop(model, 37 * seed)
     node_by_node = next((n for n, s in enumerate(scores) if not rule(n, float(s))), len(scores))
     assert CostAwareStop(model, 37 * seed).admitted(scores) == node_by_node <= model.max_nodes
+
+
+def test_the_stop_rule_on_a_flat_curve_rounds_as_the_node_by_node_rule():
+    """On a flat curve the rule admits a node while (1 + phi) + delta > 1 + phi: for a tiny delta that is the
+    last bit of the sum, so both forms must group it the same way (a review found [-0.5, -36.75] split them)."""
+    flat = VerifyCostModel([0, 1024], [64], [[0.03, 0.03]], draft_s=0.005)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(300):
+        scores = np.sort(-torch.rand(40, generator=gen).numpy().astype(np.float64) * 45)[::-1]
+        rule = CostAwareStop(flat, 64)
+        node_by_node = next((n for n, s in enumerate(scores) if not rule(n, float(s))), len(scores))
+        assert CostAwareStop(flat, 64).admitted(scores) == node_by_node
+    rule, found = CostAwareStop(flat, 64), np.array([-0.5, -36.75])
+    node_by_node = next((n for n, s in enumerate(found) if not rule(n, float(s))), len(found))
+    assert CostAwareStop(flat, 64).admitted(found) == node_by_node
+
+
+def test_round_after_round_the_trees_do_not_depend_on_where_the_round_started():
+    """MarginalTrees starts each round from the last round's ranks and size (heap or depth by depth, short or
+    long first read): the trees are those of a fresh build every round."""
+    from decoding.drafting.marginal_tree import MarginalTrees
+
+    gen = torch.Generator().manual_seed(3)
+    flat = VerifyCostModel([0, 300], [0], [[1.0, 1.0]], draft_s=0.1)
+    steep = VerifyCostModel([0, 8, 300], [0], [[1.0, 1.05, 30.0]], draft_s=0.1)
+    trees = MarginalTrees(k=300, budget=300)
+    sizes = []
+    for round_ in range(12):
+        logits = torch.randn(5, 400, generator=gen) * (0.3 if round_ % 3 else 4.0)
+        cost = flat if round_ % 2 else steep
+        got = trees.build(2, logits, CostAwareStop(cost, 10))
+        want = heap_tree(logits, 300, 300, CostAwareStop(cost, 10))
+        assert got.tree.tokens[:1] == [2] and got.scores == pytest.approx(want.scores, abs=1e-6)
+        assert got.tree.num_draft_nodes() == want.tree.num_draft_nodes() and got.stopped_early == want.stopped_early
+        sizes.append(trees.nodes)
+    assert max(sizes) == 300 and min(sizes) < 32  # both builders ran
+    trees.reset()
+    assert (trees.ranks, trees.nodes) == (0, 0)
+
+
+def test_a_block_without_draft_rows_gives_the_root_alone():
+    built = build_marginal_tree(5, torch.zeros(0, 50), 300, 300)
+    assert built.tree.tokens == [5] and built.scores == [0.0]

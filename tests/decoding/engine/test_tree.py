@@ -26,16 +26,21 @@ def test_ancestor_mask_is_ancestors_and_self():
 
 @pytest.mark.parametrize("size, seed", [(10, 0), (64, 1), (65, 2), (300, 3), (1025, 4)])
 def test_ancestor_mask_of_small_and_large_trees_is_every_root_path(size, seed):
-    """Small trees are marked row by row, large ones a level per pass: both give each node's root path."""
+    """Row by row and level by level (large shallow trees) both give each node's root path."""
+    from decoding.engine.tree import ancestors_by_levels, ancestors_by_rows
+
     gen = torch.Generator().manual_seed(seed)
-    # parents anywhere before the node: wide and deep parts in one tree
-    parents = [-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, size)]
+    # a wide part (parents among the first few nodes) and a deep part (parents anywhere before)
+    parents = [-1] + [int(torch.randint(0, i if i % 3 else min(i, 4), (1,), generator=gen)) for i in range(1, size)]
     tree = TokenTree(list(range(size)), parents)
-    mask = tree.ancestor_array()
-    for node in range(size):
-        assert set(mask[node].nonzero()[0].tolist()) == set(tree.path_to(node))
-    chain = TokenTree.chain(0, list(range(1, 200)))
-    assert (chain.ancestor_array() == torch.tril(torch.ones(200, 200, dtype=torch.bool)).numpy()).all()
+    for mask in (tree.ancestor_array(), ancestors_by_rows(parents), ancestors_by_levels(parents)):
+        for node in range(size):
+            assert set(mask[node].nonzero()[0].tolist()) == set(tree.path_to(node))
+    assert tree.parents == parents and parents[0] == -1  # not changed by the level-by-level climb
+    chain = list(range(-1, 199))
+    want = torch.tril(torch.ones(200, 200, dtype=torch.bool)).numpy()
+    assert (TokenTree(list(range(200)), chain).ancestor_array() == want).all()
+    assert (ancestors_by_levels(chain) == want).all()
 
 
 def test_chain_and_root_only():
