@@ -74,8 +74,8 @@ def main() -> None:
             # that every rank of the best-first order scores the same
             same = sum(len(a) == len(b) and max(abs(x - y) for x, y in zip(a, b)) < 1e-6
                        for a, b in zip(trees[builder], trees["heap"]))
-            print(f"| {scale:g} | {nodes} | {ranks} | {builder} | {1000 * median:.2f} | {1000 * sorted(vocab)[3]:.2f} | "
-                  f"{same}/{len(rounds)} |", flush=True)
+            print(f"| {scale:g} | {nodes} | {ranks} | {builder} | {1000 * median:.2f} | "
+                  f"{1000 * sorted(vocab)[3]:.2f} | {same}/{len(rounds)} |", flush=True)
 
 
 def median_ms(fn, repeats: int = 41) -> float:
@@ -105,8 +105,8 @@ def small_trees() -> None:
             tree = build_marginal_tree(1, logits, budget, budget, first_read=budget).tree
             rows = median_ms(lambda: ancestors_by_rows(tree.parents))
             levels = median_ms(lambda: ancestors_by_levels(tree.parents))
-            print(f"| {scale:g} | {budget} | {max(tree.depths)} | {heap:.3f} | {arrays:.3f} | {rows:.3f} | {levels:.3f} |",
-                  flush=True)
+            print(f"| {scale:g} | {budget} | {max(tree.depths)} | {heap:.3f} | {arrays:.3f} | {rows:.3f} | "
+                  f"{levels:.3f} |", flush=True)
 
 
 if __name__ == "__main__":

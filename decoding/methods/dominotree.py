@@ -11,8 +11,9 @@ rather than marginal distribution.
     until `budget` nodes
 
 Ablations: `scoring=marginal` (path-independent top-K of base: the DDTree analogue on the Domino
-backbone, built as DDTree's trees are, `decoding/drafting/marginal_tree.py`) and `budget=cond_adaptive` (CaDDTree's cost-aware stop on conditional scores,
-capped at `max_budget`; the paper reports it saturates, so the cap-hit share is recorded).
+backbone, built as DDTree's trees are, `decoding/drafting/marginal_tree.py`) and `budget=cond_adaptive`
+(CaDDTree's cost-aware stop on conditional scores, capped at `max_budget`; the paper reports it saturates,
+so the cap-hit share is recorded).
 """
 
 from __future__ import annotations
