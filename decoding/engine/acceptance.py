@@ -19,7 +19,8 @@ copy per step, whatever the tree's size.
   The draws of the first two cases are made at once on the device (y ~ p only at the nodes with
   deterministic children), and read with one host copy. Which uniforms a seed gives to which draw
   changed on 2026-12-05 (fewer draws), so T > 0 outputs of a seed differ from earlier commits; the
-  distribution does not.
+  distribution does not. (Later that day the two categorical draws became one call: the same
+  uniforms on a CPU generator, on CUDA's another split of its stream.)
   In every case the emitted token is distributed exactly as the target's p.
 """
 
@@ -87,10 +88,11 @@ def accept_against(tree: TokenTree, probs: torch.Tensor, sampler: Sampler) -> Ve
         residual = (p - q).clamp_min(0.0)
         # a zero residual only happens when acceptance had probability 1 up to float error
         residual = torch.where(residual.sum(-1, keepdim=True) > 1e-12, residual, p)
-        # drawn_nodes is never empty: a finite tree has a leaf, whose (no) children are deterministic
-        drawn, flags, resampled = to_host(sampler.categorical(probs.index_select(0, drawn_rows)), accepted,
-                                          sampler.categorical(residual))
-        draws = dict(zip(drawn_nodes, drawn))
+        # drawn_nodes is never empty: a finite tree has a leaf, whose (no) children are deterministic. One
+        # categorical for the draws and the residuals (on a CPU the same uniforms, in order, as two calls)
+        rows_to_draw = torch.cat([probs.index_select(0, drawn_rows).float(), residual])
+        picked, flags = to_host(sampler.categorical(rows_to_draw), accepted)
+        draws, resampled = dict(zip(drawn_nodes, picked)), picked[len(drawn_nodes):]
     else:
         (draws,) = to_host(sampler.categorical(probs[:n]))  # y ~ p at every node
         flags = resampled = []
