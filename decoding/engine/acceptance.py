@@ -20,7 +20,7 @@ copy per step, whatever the tree's size.
   deterministic children), and read with one host copy. Which uniforms a seed gives to which draw
   changed on 2026-12-05 (fewer draws), so T > 0 outputs of a seed differ from earlier commits; the
   distribution does not. (Later that day the two categorical draws became one call: the same
-  uniforms on a CPU generator, on CUDA's another split of its stream.)
+  uniforms on a CPU generator; on CUDA, another split of its stream.)
   In every case the emitted token is distributed exactly as the target's p.
 """
 
@@ -90,7 +90,7 @@ def accept_against(tree: TokenTree, probs: torch.Tensor, sampler: Sampler) -> Ve
         residual = torch.where(residual.sum(-1, keepdim=True) > 1e-12, residual, p)
         # drawn_nodes is never empty: a finite tree has a leaf, whose (no) children are deterministic. One
         # categorical for the draws and the residuals (on a CPU the same uniforms, in order, as two calls)
-        rows_to_draw = torch.cat([probs.index_select(0, drawn_rows).float(), residual])
+        rows_to_draw = torch.cat([probs.index_select(0, drawn_rows), residual])  # cat widens, never rounds
         picked, flags = to_host(sampler.categorical(rows_to_draw), accepted)
         draws, resampled = dict(zip(drawn_nodes, picked)), picked[len(drawn_nodes):]
     else:

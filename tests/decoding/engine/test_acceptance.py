@@ -113,3 +113,30 @@ def test_acceptance_rate_of_a_chain_is_one_minus_total_variation():
         accepted += verdict.num_accepted
     expected = torch.minimum(p, q).sum().item()
     assert abs(accepted / n - expected) < 4 * (expected * (1 - expected) / n) ** 0.5
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_sampled_chain_takes_its_draws_as_two_separate_calls_would(dtype):
+    """The leaf's y ~ p and the chain's residual draws are one categorical call: on a CPU generator the same
+    uniforms in the same order as drawing them in two calls (accept tests first, then the leaf, then the
+    residuals), so each seed gives the verdict the two-call rule gives; float64 rows are not rounded."""
+    from decoding.engine.acceptance import accept_against
+
+    gen = torch.Generator().manual_seed(4)
+    gamma = 3
+    q = torch.softmax(torch.randn(gamma, V, generator=gen), -1)
+    probs = torch.softmax(torch.randn(gamma + 1, V, generator=gen) * 2, -1).to(dtype)
+    for seed in range(40):
+        drafts = [int(torch.multinomial(q[i], 1, generator=gen)) for i in range(gamma)]
+        tree = TokenTree.chain(0, drafts, list(q))
+        got = accept_against(tree, probs, Sampler(seed))
+        sampler = Sampler(seed)
+        x = torch.tensor(drafts)
+        p = probs[:gamma].float() / probs[:gamma].float().sum(-1, keepdim=True)
+        accepted = sampler.uniform(gamma) * q.gather(1, x[:, None])[:, 0] < p.gather(1, x[:, None])[:, 0]
+        leaf = int(sampler.categorical(probs[gamma:]))
+        residual = (p - q).clamp_min(0.0)
+        resampled = sampler.categorical(torch.where(residual.sum(-1, keepdim=True) > 1e-12, residual, p)).tolist()
+        rejected = next((i for i in range(gamma) if not accepted[i]), None)
+        want = (list(range(gamma + 1)), leaf) if rejected is None else (list(range(rejected + 1)), resampled[rejected])
+        assert (got.path, got.bonus) == want
