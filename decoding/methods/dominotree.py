@@ -70,8 +70,8 @@ class DominoTree(BlockDraftMethod):
         super().setup(target)
         self.cost = machine_cost_model(self, target, self.config) if self.config.budget == "cond_adaptive" else None
         self.graphs: dict = {}  # the fast builder's CUDA graph, captured once and replayed at every depth
-        cap = self.config.num_nodes if self.cost is None else self.config.max_budget
-        self.marginal_trees = MarginalTrees(self.config.node_topk, cap)  # scoring=marginal
+        self.cap = self.config.num_nodes if self.cost is None else self.config.max_budget  # nodes per tree, at most
+        self.marginal_trees = MarginalTrees(self.config.node_topk, self.cap)  # scoring=marginal
 
     def begin(self, state: DecodeState) -> None:
         super().begin(state)
@@ -79,8 +79,7 @@ class DominoTree(BlockDraftMethod):
 
     def propose(self, state: DecodeState) -> Proposal:
         cfg = self.config
-        draft = self.draft_pass(state)
-        cap = cfg.num_nodes if self.cost is None else cfg.max_budget
+        draft, cap = self.draft_pass(state), self.cap
         admit = None if self.cost is None else CostAwareStop(self.cost, self.target.cache_len)
         if cfg.scoring == "conditional" and cfg.builder == "fast":
             builder = LevelBuilder(self.drafter, self.head, self.embed, draft.hidden, draft.logits, cfg.node_topk,
