@@ -6,7 +6,9 @@ On one GPU (default shape: Qwen3-1.7B's, random weights; a few minutes):
    mismatch with AR (decoding/engine/ties.py): a lossless method may leave AR only at near-ties;
    then Domino with method.compile=true (`--compiled`; the torch.compile'd chain, Triton on a GPU);
 2. DominoTree's fast builder (depth by depth; on CUDA each depth is a CUDA-graph replay) against the
-   reference builder on the drafts of a real run: equal trees, and each builder's ms per tree;
+   reference builder on the drafts of a real run: equal trees, and each builder's ms per tree; then the
+   Domino chain replayed from its CUDA graphs against the eager chain on the rounds of a real run at T=0
+   and T=1: the same picks, and each path's ms per chain (off CUDA the replay is emulated);
 3. the forward-cost curve: ms of one forward of n rows (n = 1 .. 1024) on a 512-token cache;
 4. every method again on a tiny random Gemma 3 (sliding and full layers, an 8-token window the prompts
    cross), on the device in the same dtype: the engine's hybrid-attention paths (docs/architectures.md),
@@ -38,6 +40,7 @@ import transformers
 
 from decoding.drafting.domino_scorer import LevelBuilder, ReferenceScorer
 from decoding.drafting.draft_tree import build_best_first
+from decoding.engine.cuda_graph import GraphReplayer
 from decoding.engine.ties import diagnose
 from decoding.engine.transfer import synchronize
 from pipeline.errors import named_line
@@ -146,7 +149,7 @@ def compare_builders(target, folder, shape, prompt_ids, max_new_tokens) -> dict:
 
     for p in prompt_ids:
         generate(method, target, p, max_new_tokens=max_new_tokens)
-    graphs: dict = {}
+    graphs = device_graphs(target.device)
     times = {"fast": [], "reference": []}
     gaps = []  # per round whose trees differ: tree_gap of the two trees (None: different sizes)
     for i, (root, draft) in enumerate(recorded):
@@ -156,7 +159,7 @@ def compare_builders(target, folder, shape, prompt_ids, max_new_tokens) -> dict:
             t0 = time.perf_counter()
             if kind == "fast":
                 built[kind] = LevelBuilder(method.drafter, method.head, method.embed, draft.hidden, draft.logits,
-                                           cfg.node_topk, cfg.corr_topm, graph_holder=graphs).build(
+                                           cfg.node_topk, cfg.corr_topm, graphs=graphs).build(
                     root, cfg.num_nodes, max_depth=len(draft.logits))
             else:
                 scorer = ReferenceScorer(method.drafter, method.head, method.embed, draft.hidden, draft.logits,
@@ -173,7 +176,59 @@ def compare_builders(target, folder, shape, prompt_ids, max_new_tokens) -> dict:
             "near_tie_rounds": sum(g is not None and g <= TREE_TIE_TOLERANCE for g in gaps),
             "size_mismatch_rounds": sum(g is None for g in gaps),
             "max_score_gap": max((g for g in gaps if g is not None), default=0.0),
-            "cuda_graph": "level" in graphs, "fast_ms_per_tree": ms["fast"], "reference_ms_per_tree": ms["reference"]}
+            "cuda_graph": graph_state(graphs), "fast_ms_per_tree": ms["fast"], "reference_ms_per_tree": ms["reference"]}
+
+
+def device_graphs(device) -> GraphReplayer:
+    """The CUDA graphs of a drafting step on a GPU; elsewhere the same buffer bookkeeping, emulated."""
+    return GraphReplayer(True, "method.cuda_graph", emulate=torch.device(device).type != "cuda")
+
+
+def graph_state(graphs: GraphReplayer) -> str:
+    """"captured" (a CUDA graph replayed), "emulated" (no GPU), "capture failed" (ran eagerly) or "not used"."""
+    if not graphs.enabled:
+        return "capture failed"
+    return ("emulated" if graphs.emulate else "captured") if graphs.captures else "not used"
+
+
+def compare_chains(target, folder, shape, prompt_ids, max_new_tokens) -> dict:
+    """Record every round's corrected chain of an eager Domino run at T = 0 and T = 1 (the greedy and the
+    sampled branch), then draft each again from its CUDA graph (method.cuda_graph; emulated off CUDA): the
+    same picks, and each path's ms per chain (the graph's includes copying the round's inputs in). A round
+    whose picks differ is a near-tie when the corrected logits up to the first differing pick differ by at most
+    TREE_TIE_TOLERANCE."""
+    from decoding.engine.loop import generate
+    from decoding.methods.domino import chain_picks, graphed_chain
+
+    method = build_method("domino", target, folder, shape, cuda_graph=False)
+    calls = []  # the inputs of every round: fresh tensors per round, which the eager chain only reads
+    method.chain = lambda *args: calls.append(args) or chain_picks(*args)
+    for temperature in (0.0, 1.0):
+        for p in prompt_ids:
+            generate(method, target, p, max_new_tokens=max_new_tokens, temperature=temperature)
+    graphs = device_graphs(target.device)
+    graphed = graphed_chain(graphs)
+    times = {"eager": [], "graph": []}
+    differing = near_ties = 0
+    for args in calls:
+        out, captures = {}, graphs.captures
+        for kind, chain in (("eager", chain_picks), ("graph", graphed)):
+            synchronize(target.device)
+            t0 = time.perf_counter()
+            picks, rows = chain(*args)
+            synchronize(target.device)
+            if graphs.captures == captures:  # a round that captured its branch's graph is not timed
+                times[kind].append(time.perf_counter() - t0)
+            out[kind] = (picks.clone(), rows.clone())
+        (want, want_rows), (got, got_rows) = out["eager"], out["graph"]
+        if not torch.equal(got, want):
+            differing += 1
+            first = int((got != want).nonzero()[0])
+            near_ties += bool((got_rows[:first + 1] - want_rows[:first + 1]).abs().max() <= TREE_TIE_TOLERANCE)
+    ms = {k: round(1000 * sum(v) / max(1, len(v)), 3) for k, v in times.items()}
+    return {"rounds": len(calls), "differing_rounds": differing, "near_tie_rounds": near_ties,
+            "cuda_graph": graph_state(graphs), "captures": graphs.captures,
+            "eager_ms_per_chain": ms["eager"], "graph_ms_per_chain": ms["graph"]}
 
 
 # Both builders keep the budget's best nodes by cumulative log-probability, with the head's math in fp32. Where
@@ -257,6 +312,15 @@ def print_builders(b: dict) -> None:
           flush=True)
 
 
+def print_chains(c: dict) -> None:
+    if "error" in c:
+        print(f"Domino chain, graph vs eager: FAILED: {c['error']}", flush=True)
+        return
+    print(f"Domino chain, graph vs eager: {c['rounds']} rounds, {c['differing_rounds']} differ "
+          f"({c['near_tie_rounds']} near-ties), CUDA graph: {c['cuda_graph']} ({c['captures']} captures), "
+          f"eager {c['eager_ms_per_chain']} ms/chain, graph {c['graph_ms_per_chain']} ms/chain", flush=True)
+
+
 def print_curve(curve) -> None:
     if isinstance(curve, dict):
         print(f"forward cost: FAILED: {curve['error']}", flush=True)
@@ -337,7 +401,7 @@ def main() -> int:
 
     report["sections_run"] = sorted(sections)
     not_run = {"skipped": "--sections"}
-    report["builders"], report["cost_curve"], report["hybrid"] = not_run, not_run, []
+    report["builders"], report["chains"], report["cost_curve"], report["hybrid"] = not_run, not_run, not_run, []
     if "methods" in sections:  # host_overhead warms each method up (untimed) before its timed runs
         deadline = None if args.methods_budget_s is None else time.perf_counter() + args.methods_budget_s
         run_methods(target, folder, shape, names, prompt_ids, max_new, compiled, on_row=recorder(report["methods"]),
@@ -345,6 +409,9 @@ def main() -> int:
     if "builders" in sections:
         report["builders"] = section(compare_builders, target, folder, shape, prompt_ids[:2], max_new)
         print_builders(report["builders"])
+        save()
+        report["chains"] = section(compare_chains, target, folder, shape, prompt_ids[:2], max_new)
+        print_chains(report["chains"])
         save()
     if "curve" in sections:
         report["cost_curve"] = section(cost_curve, target, 512, [n for n in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
@@ -368,6 +435,16 @@ def main() -> int:
         problems.append(f"the fast and reference DominoTree builders built different trees in "
                         f"{b['differing_rounds'] - b['near_tie_rounds']} round(s) beyond a near-tie "
                         f"({b['size_mismatch_rounds']} in size; largest score gap {b['max_score_gap']:.3g})")
+    if report["builders"].get("cuda_graph") == "capture failed":
+        problems.append("the DominoTree depth step's CUDA graph could not be captured (ran eagerly)")
+    chains = report["chains"]
+    if "error" in chains:
+        problems.append(f"the Domino chain's graph-vs-eager comparison crashed ({chains['error']})")
+    elif chains.get("differing_rounds", 0) > chains.get("near_tie_rounds", 0):
+        problems.append(f"the Domino chain drafted differently from its CUDA graph in "
+                        f"{chains['differing_rounds'] - chains['near_tie_rounds']} round(s) beyond a near-tie")
+    elif chains.get("cuda_graph") == "capture failed":
+        problems.append("the Domino chain's CUDA graph could not be captured (ran eagerly)")
     if isinstance(report["cost_curve"], dict) and "error" in report["cost_curve"]:  # section() caught a crash
         problems.append(f"the forward-cost curve crashed ({report['cost_curve']['error']})")
     skipped = [f"section {name}" for name in sorted(SECTIONS - sections)] + [r["method"] for r in rows if "skipped" in r]

@@ -13,8 +13,8 @@ Two implementations, which must build identical trees:
   an `expand` for the best-first heap, node by node, as the reference repository builds it;
 - `LevelBuilder` (`builder=fast`): the same tree built depth by depth, every node of a depth in one
   batched step on the model's device, one host read per depth; on CUDA each depth is one CUDA-graph
-  replay (run on an H200 on 2026-12-04, before a depth's candidates moved into the graph; the current
-  graph has not run on a GPU). The reference's own GPU builder replays a graph and reads the host once
+  replay (decoding/engine/cuda_graph.py; run on an H200 on 2026-12-04, before a depth's candidates moved
+  into the graph; the current graph has not run on a GPU). The reference's own GPU builder replays a graph and reads the host once
   per node (16 per tree).
 """
 
@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from decoding.drafting.domino_head import correction, gru_cell
+from decoding.engine.cuda_graph import GraphReplayer
 from decoding.engine.transfer import to_device, to_host
 from decoding.engine.tree import TokenTree
 
@@ -90,38 +91,6 @@ def select_lanes(h, score, best, values, local, cand, table, w_hh_t, lanes: int)
     return child, child_ids, top.indices, torch.where(keep, top.values, NEG_INF), next_h, best, keep.sum()
 
 
-class LevelGraph:
-    """CUDA graph of `level_step` with static buffers, captured once per drafter head, lane count and
-    M/K, and replayed for every depth of every round; a depth copies its rows and the lanes in first
-    (the weights and the input table are read in place: they are the head's own tensors, the same
-    objects every round, which `fits` checks)."""
-
-    def __init__(self, rows, weights, m: int, k: int):
-        self.inputs = [a.clone() for a in rows]  # h, score, best, the depth's z-part of W1 and base logits
-        self.weights, self.m, self.k = weights, m, k
-        self.device = self.inputs[0].device
-        with torch.cuda.device(self.device):  # the tensors' GPU, not the current one (cuda:N, a device_map)
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                level_step(*self.inputs, *weights, m, k)  # warm-up outside the graph
-            torch.cuda.current_stream().wait_stream(stream)
-            self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph):
-                self.out = level_step(*self.inputs, *weights, m, k)
-
-    def fits(self, rows, weights, m: int, k: int) -> bool:
-        return (all(a.shape == b.shape for a, b in zip(self.inputs, rows)) and (m, k) == (self.m, self.k)
-                and all(a is b for a, b in zip(self.weights, weights)))
-
-    def __call__(self, rows):
-        with torch.cuda.device(self.device):
-            for static, value in zip(self.inputs, rows):
-                static.copy_(value)
-            self.graph.replay()
-        return self.out
-
-
 class LevelBuilder:
     """DominoTree's conditional tree built depth by depth instead of node by node: the same tree as
     `build_best_first` with `ReferenceScorer` (the W = budget nodes of highest cumulative corrected
@@ -135,13 +104,13 @@ class LevelBuilder:
     count); the tree itself is read once at the end. Per round, the z-part of W1 for every depth (one
     matmul); per depth reached, its top-M candidates and their W2 rows (`level_step`); the GRU input of a
     chosen child is a row of the input table. All on the model's device, all head math in fp32; on
-    CUDA each depth is one graph replay (`LevelGraph`)."""
+    CUDA each depth is one graph replay (`decoding.engine.cuda_graph`)."""
 
     @torch.inference_mode()
     def __init__(self, drafter, head, embed, z: torch.Tensor, base: torch.Tensor, k: int, m: int,
-                 graph_holder: dict | None = None):
-        """`head`: the drafter's Float32Head. `graph_holder`: a dict kept by the caller across rounds;
-        on CUDA it holds the captured LevelGraph."""
+                 graphs: GraphReplayer | None = None):
+        """`head`: the drafter's Float32Head. `graphs`: the caller's GraphReplayer, kept across rounds; it
+        holds the depth step's captured graph ("level"). None: every depth runs eagerly."""
         self.prefix = drafter.spec.pure_draft_prefix_len
         depths, vocab = base.shape
         self.m = min(m, vocab)
@@ -149,10 +118,11 @@ class LevelBuilder:
         self.z_rows = (z.float() @ head.w_z.t()).unbind(0)  # [E] per depth: views made once, not per depth
         self.base_rows = base.unbind(0)
         self.table, self.w_hh_t = head.input_table(embed), head.w_hh_t  # [V, 3G]: every token's GRU input
-        self.weights = (head.w2, self.table, head.w_s_t, self.w_hh_t)  # level_step's weight arguments, in order
+        # level_step's weights: the head's own tensors every round (a CUDA graph reads them in place)
+        self.weights = {"w2": head.w2, "table": self.table, "w_s_t": head.w_s_t, "w_hh_t": self.w_hh_t}
         p = min(self.prefix, depths)
         self.prefix_vals, self.prefix_ids = torch.topk(torch.log_softmax(base[:p].float(), -1), min(k, vocab), dim=-1)
-        self.graphs = graph_holder if graph_holder is not None and z.device.type == "cuda" else None
+        self.graphs = graphs
 
     def _depth(self, d: int, h, score, best):
         if d < self.prefix:  # uncorrected depth: every lane has the same children
@@ -160,13 +130,11 @@ class LevelBuilder:
             values = self.prefix_vals[d].expand(lanes, -1)
             local = torch.arange(values.shape[-1], device=h.device).expand(lanes, -1)
             return select_lanes(h, score, best, values, local, self.prefix_ids[d], self.table, self.w_hh_t, lanes)
-        rows = (h, score, best, self.z_rows[d], self.base_rows[d])
+        rows = {"h": h, "score": score, "best": best, "z_proj": self.z_rows[d], "base_row": self.base_rows[d]}
+        constants = {**self.weights, "m": self.m, "k": self.k}
         if self.graphs is None:
-            return level_step(*rows, *self.weights, self.m, self.k)
-        graph = self.graphs.get("level")
-        if graph is None or not graph.fits(rows, self.weights, self.m, self.k):
-            graph = self.graphs["level"] = LevelGraph(rows, self.weights, self.m, self.k)
-        return graph(rows)
+            return level_step(**rows, **constants)
+        return self.graphs("level", level_step, rows, constants)
 
     @torch.inference_mode()
     def build(self, root: int, budget: int, max_depth: int, admit=None):
@@ -184,7 +152,7 @@ class LevelBuilder:
         children, ids, sources = [], [], []
         for d in range(max_depth):
             child, child_ids, src, score, h, best, live = self._depth(d, h, score, best)
-            if self.graphs is not None:  # a graph's outputs are overwritten by the next depth
+            if self.graphs is not None and self.graphs.overwrites:  # a graph's outputs: overwritten by the next depth
                 child, child_ids, src = child.clone(), child_ids.clone(), src.clone()
             children.append(child)
             ids.append(child_ids)

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from decoding.engine.compiled import maybe_compiled
+from decoding.engine.cuda_graph import GraphReplayer
 from decoding.methods.block_draft import BlockDraftMethod
 from decoding.engine.loop import DecodeState, Proposal
 from decoding.engine.sampling import probabilities
@@ -37,6 +38,9 @@ class DominoConfig:
     candidate_pool: int = 2048  # Domino's released rollout: correction over the top-2048 pool (0 = full vocab)
     sample_draft: bool = True  # released Domino samples the draft at T (verified by rejection sampling)
     compile: bool = False  # torch.compile the correction chain (decoding/engine/compiled.py): one compile per run
+    # on CUDA, replay the corrected positions from one CUDA graph per round (decoding/engine/cuda_graph.py), not
+    # ~14 kernel launches per position; not used with compile (torch.compile makes its own program)
+    cuda_graph: bool = True
 
     def __post_init__(self) -> None:
         check_range("method.candidate_pool", self.candidate_pool, 0)
@@ -48,7 +52,10 @@ class Domino(BlockDraftMethod):
 
     def setup(self, target) -> None:
         super().setup(target)
-        self.chain = maybe_compiled(chain_picks, self.config.compile, "method.compile")
+        on_cuda = self.head.w2.device.type == "cuda"
+        self.graphs = GraphReplayer(self.config.cuda_graph and on_cuda and not self.config.compile, "method.cuda_graph")
+        self.chain = graphed_chain(self.graphs) if self.graphs.enabled else \
+            maybe_compiled(chain_picks, self.config.compile, "method.compile")
 
     @torch.inference_mode()
     def propose(self, state: DecodeState) -> Proposal:
@@ -123,6 +130,24 @@ def chain_picks(table, w_next_t, w2, z_proj, base_rows, noise, first, pool):
         if k + 1 < n:
             h, gh_ru, gh_n, s_proj = gru_step(F.embedding(picks[-1], table), h, gh_ru, gh_n, w_next_t)
     return torch.stack(picks), torch.stack(rows)
+
+
+def graphed_chain(graphs: GraphReplayer):
+    """`chain_picks` replayed from a graph of `graphs`: one per branch (T = 0 without noise, T > 0 with it; with
+    and without a candidate pool), captured in the first round that takes it. The round's inputs are copied
+    into the graph's buffers; the head's weights (`table`, `w_next_t`, and W2 when there is no pool) are read
+    in place. The outputs are the
+    graph's buffers, which `corrected_chain` reads before the next round overwrites them."""
+
+    def chain(table, w_next_t, w2, z_proj, base_rows, noise, first, pool):
+        name = f"chain:{'greedy' if noise is None else 'sampled'}:{'vocab' if pool is None else 'pool'}"
+        inputs = {"z_proj": z_proj, "base_rows": base_rows, "noise": noise, "first": first, "pool": pool}
+        constants = {"table": table, "w_next_t": w_next_t}
+        # the pool's W2 rows are gathered per round (an input); without a pool W2 is the head's own weight
+        (inputs if pool is not None else constants)["w2"] = w2
+        return graphs(name, chain_picks, inputs, constants)
+
+    return chain
 
 
 CONFIG = DominoConfig

@@ -45,6 +45,10 @@ def test_gpu_smoke_runs_every_method_on_the_cpu_tiny_shape_with_only_the_gpu_ima
     assert len(lossless_t0) == len([m for m in LOSSLESS if m != "ar"])
     assert all(r["diverged"] == 0 for r in lossless_t0)
     assert report["builders"]["equal_trees"] and report["builders"]["rounds"] > 0
+    assert report["builders"]["cuda_graph"] == "emulated"  # the graph path's bookkeeping, without a GPU
+    chains = report["chains"]  # the Domino chain from its (emulated) graphs: both branches, the eager picks
+    assert chains["rounds"] > 0 and chains["differing_rounds"] == 0
+    assert chains["cuda_graph"] == "emulated" and chains["captures"] == 2
     assert [r["rows"] for r in report["cost_curve"]][-1] == 1024
     # every method again on the hybrid-attention target (sliding + full layers), lossless ones at most tied
     hybrid = {(r["method"], r["T"]) for r in report["hybrid"] if "error" not in r}
@@ -146,6 +150,21 @@ def test_builders_that_differ_only_by_near_ties_pass_and_otherwise_fail(near_tie
     assert smoke.main() == (0 if near_ties == 2 else 1)
     out = capsys.readouterr().out
     assert "(2 rounds differ, " in out and out.strip().splitlines()[-1].startswith(verdict)
+
+
+@pytest.mark.parametrize("chains, verdict", [
+    ({"differing_rounds": 2, "near_tie_rounds": 2, "cuda_graph": "captured"}, "gpu smoke: incomplete"),  # no curve
+    ({"differing_rounds": 2, "near_tie_rounds": 1, "cuda_graph": "captured"},
+     "gpu smoke: FAILED: the Domino chain drafted differently from its CUDA graph in 1 round(s)"),
+    ({"differing_rounds": 0, "near_tie_rounds": 0, "cuda_graph": "capture failed"},
+     "gpu smoke: FAILED: the Domino chain's CUDA graph could not be captured")])
+def test_a_domino_chain_graph_that_drafts_differently_or_fails_to_capture_is_a_problem(chains, verdict, tmp_path,
+                                                                                       monkeypatch, capsys):
+    report = {"rounds": 9, "captures": 2, "eager_ms_per_chain": 1.0, "graph_ms_per_chain": 0.5, **chains}
+    code, saved, last = run_smoke(tmp_path, monkeypatch, capsys, "--methods", "ar", "--sections", "methods,builders",
+                                  compare_chains=lambda *args: report)
+    assert saved["chains"] == report
+    assert code == (3 if verdict.endswith("incomplete") else 1) and last.startswith(verdict)
 
 
 def run_smoke(tmp_path, monkeypatch, capsys, *args, **replaced):

@@ -187,23 +187,21 @@ def test_level_builder_equals_the_heap_with_any_prefix_budget_and_stop_rule(seed
 
 
 def test_the_level_graph_captured_in_one_round_fits_the_next_rounds(tiny_drafter):
-    """The CUDA graph (captured on a GPU only) is reused while `fits` holds: it checks the weights by
-    identity, so every round's builder must hand it the head's own tensors, not fresh views (a fresh
-    `w_s.t()` per round re-captured the graph every round). Checked here without CUDA: a LevelGraph's
-    state as a capture leaves it, and the next round's rows and weights."""
-    from decoding.drafting.domino_scorer import LevelGraph
+    """The depth step's CUDA graph (captured on a GPU only; emulated here, decoding/engine/cuda_graph.py) is
+    reused while it fits: it checks the weights by identity, so every round's builder must hand it the head's
+    own tensors, not fresh views (a fresh `w_s.t()` per round re-captured the graph every round). Three rounds,
+    one capture, and each round's tree equal to the eager builder's."""
+    from decoding.engine.cuda_graph import GraphReplayer
 
     drafter, embed, z, base = domino_case(tiny_drafter, 0, vocab=40, depth=6)
     head = Float32Head(drafter)
-    first, second = (LevelBuilder(drafter, head, embed, z, base * s, 4, 12) for s in (1.0, 2.0))
-    h, score = torch.zeros(8, 12), torch.zeros(8, dtype=torch.float64)
-    graph = object.__new__(LevelGraph)  # the attributes __init__ sets before capturing
-    graph.inputs, graph.weights, graph.m, graph.k = [h, score, score, first.z_rows[2], first.base_rows[2]], \
-        first.weights, first.m, first.k
-    rows = (h, score, score, second.z_rows[3], second.base_rows[3])
-    assert graph.fits(rows, second.weights, second.m, second.k)
-    assert not graph.fits(rows, second.weights, second.m, second.k + 1)
-    assert not graph.fits(rows, (head.w2.clone(), *second.weights[1:]), second.m, second.k)
+    graphs = GraphReplayer(True, "method.cuda_graph", emulate=True)
+    for scale in (1.0, 2.0, 0.5):
+        eager = LevelBuilder(drafter, head, embed, z, base * scale, 4, 12).build(5, 12, max_depth=6)
+        graphed = LevelBuilder(drafter, head, embed, z, base * scale, 4, 12, graphs=graphs).build(5, 12, max_depth=6)
+        assert graphed.tree.tokens == eager.tree.tokens and graphed.tree.parents == eager.tree.parents
+        assert graphed.scores == eager.scores and max(graphed.tree.depths) > 2
+    assert graphs.captures == 1
 
 
 def test_conditional_scores_depend_on_the_path(tiny_drafter):

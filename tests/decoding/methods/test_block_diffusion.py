@@ -187,6 +187,36 @@ def test_sampled_domino_drafts_carry_their_pool_distribution_over_the_whole_voca
     assert chains[0] == chains[1]
 
 
+@pytest.mark.parametrize("name", ["domino", "domino_pool", "dominotree"])
+def test_graph_replayed_drafting_decodes_as_eager_with_one_capture_per_branch(name, tiny_llama, drafter_dirs,
+                                                                              monkeypatch, tmp_path):
+    """On CUDA, Domino's corrected chain and DominoTree's depth step replay from CUDA graphs (method.cuda_graph).
+    The replay is emulated here (decoding/engine/cuda_graph.py): the round's inputs copied into static buffers,
+    the outputs written into buffers the next round overwrites. The same tokens as eager decoding at T = 0 and
+    T = 1 (same seeds), and one capture per branch (T = 0, T > 0), not one per round."""
+    from decoding.engine.cuda_graph import GraphReplayer
+
+    eager = build(name, drafter_dirs, tiny_llama, monkeypatch, tmp_path)
+    graphed = build(name, drafter_dirs, tiny_llama, monkeypatch, tmp_path)
+    assert not eager.graphs.enabled  # a CPU model: no graphs unless emulated
+    graphed.graphs = GraphReplayer(True, "method.cuda_graph", emulate=True)
+    if name.startswith("domino_") or name == "domino":
+        graphed.chain = domino.graphed_chain(graphed.graphs)
+    drafts = {eager: [], graphed: []}  # every proposal's tree: a lossless run's tokens cannot show a wrong draft
+    for method in drafts:
+        propose = method.propose
+        method.propose = lambda state, m=method, p=propose: drafts[m].append(p(state)) or drafts[m][-1]
+    prompt = [7, 30, 31, 30, 31, 30]
+    for temperature, seed in ((0.0, 0), (1.0, 4), (1.0, 5)):
+        want, got = (generate(m, tiny_llama, prompt, max_new_tokens=24, temperature=temperature, seed=seed)
+                     for m in (eager, graphed))
+        assert got.new_tokens == want.new_tokens
+    trees = {m: [(p.tree.tokens, p.tree.parents) for p in drafts[m]] for m in drafts}
+    assert trees[graphed] == trees[eager] and len(trees[eager]) > 6
+    assert max(len(tokens) for tokens, _ in trees[eager]) > 3  # drafts deeper than the uncorrected prefix
+    assert graphed.graphs.captures == (1 if name == "dominotree" else 2)
+
+
 @pytest.mark.slow
 def test_compiled_domino_chain_drafts_as_the_eager_one_and_decodes_as_ar(tiny_llama, drafter_dirs, monkeypatch,
                                                                         tmp_path):

@@ -1,0 +1,132 @@
+"""Replaying a fixed-shape drafting step from a CUDA graph: for the loops whose cost on a GPU is the launch
+of hundreds of tiny kernels, not their arithmetic (DominoTree's depth step, ~12 kernels per depth; the Domino
+chain, ~14 per drafted position).
+
+`StaticGraph(fn, inputs, constants)` captures `fn(**inputs, **constants)` once. `inputs` are the tensors that
+change from call to call: the graph reads static copies of them, and every call copies the new values in
+before it replays. `constants` (weights, ints) are read in place. The outputs are the graph's own buffers,
+so the next call overwrites them; a caller keeps what it needs before it calls again.
+
+`fits(inputs, constants)` says whether a call can reuse the graph: the same input names, shapes and dtypes
+(None where None), and the same constants (tensors by identity, other values by equality). Tensors compare
+by identity because the graph reads their memory in place: a method passes its head's own weight tensors
+every round, never fresh views of them.
+
+`GraphReplayer` keeps a method's graphs by name. It captures a graph on first use and again only when a call
+does not fit. Where a capture fails, it writes one warning line and runs every later call eagerly.
+
+A CUDA graph runs only on a GPU. With `emulate=True`, a graph is "replayed" on any device by running `fn`
+eagerly on the static copies and copying its results into the static outputs. That is the same buffer
+bookkeeping as a real replay, including outputs the next call overwrites, so the CPU tests check that
+bookkeeping; they cannot check the capture itself (benchmarks/gpu_smoke.py does, on a GPU).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+class GraphCaptureError(RuntimeError):
+    """torch.cuda.graph could not capture the function (an op that syncs or is not capturable)."""
+
+
+class StaticGraph:
+    def __init__(self, fn: Callable, inputs: dict, constants: dict, emulate: bool = False):
+        self.fn, self.constants, self.emulate = fn, dict(constants), emulate
+        self.inputs = {name: None if a is None else a.clone() for name, a in inputs.items()}
+        if emulate:
+            self.out = _clone(fn(**self.inputs, **self.constants))
+            return
+        device = next(a for a in self.inputs.values() if a is not None).device
+        try:
+            with torch.cuda.device(device):  # the tensors' GPU, not the current one (cuda:N, a device_map)
+                stream = torch.cuda.Stream()
+                stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(stream):  # warm-up outside the graph: lazy library handles, workspaces
+                    fn(**self.inputs, **self.constants)
+                torch.cuda.current_stream().wait_stream(stream)
+                self.graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(self.graph):
+                    self.out = fn(**self.inputs, **self.constants)
+        except RuntimeError as error:
+            raise GraphCaptureError(str(error).strip().splitlines()[0] if str(error).strip() else
+                                    type(error).__name__) from error
+        self.device = device
+
+    def fits(self, inputs: dict, constants: dict) -> bool:
+        if inputs.keys() != self.inputs.keys() or constants.keys() != self.constants.keys():
+            return False
+        for name, value in inputs.items():
+            static = self.inputs[name]
+            if (value is None) != (static is None):
+                return False
+            if value is not None and (value.shape != static.shape or value.dtype != static.dtype
+                                      or value.device != static.device):
+                return False
+        return all(_same_constant(value, self.constants[name]) for name, value in constants.items())
+
+    def __call__(self, inputs: dict):
+        for name, value in inputs.items():
+            if value is not None:
+                self.inputs[name].copy_(value)
+        if self.emulate:
+            _copy_into(self.out, self.fn(**self.inputs, **self.constants))
+        else:
+            with torch.cuda.device(self.device):
+                self.graph.replay()
+        return self.out
+
+
+class GraphReplayer:
+    """A method's captured graphs, by name (one per step function and branch it takes, e.g. the Domino chain at
+    T = 0 and at T > 0). `enabled` False: every call runs `fn` eagerly. `what` names the option that turns it
+    off in the warning written when a capture fails."""
+
+    def __init__(self, enabled: bool, what: str, emulate: bool = False):
+        self.enabled, self.what, self.emulate = enabled, what, emulate
+        self.graphs: dict[str, StaticGraph] = {}
+        self.captures = 0  # graphs captured so far (a graph captured again on every round would be a bug)
+
+    @property
+    def overwrites(self) -> bool:
+        """Whether a call's outputs are buffers the next call overwrites."""
+        return self.enabled
+
+    def __call__(self, name: str, fn: Callable, inputs: dict, constants: dict):
+        if not self.enabled:
+            return fn(**inputs, **constants)
+        graph = self.graphs.get(name)
+        if graph is None or not graph.fits(inputs, constants):
+            try:
+                graph = self.graphs[name] = StaticGraph(fn, inputs, constants, self.emulate)
+            except GraphCaptureError as error:
+                log.warning("%s: CUDA graph capture failed (%s); running eagerly from now on (set %s=false to "
+                            "skip the attempt)", name, error, self.what)
+                self.enabled = False
+                self.graphs.clear()
+                return fn(**inputs, **constants)
+            self.captures += 1
+        return graph(inputs)
+
+
+def _same_constant(a, b) -> bool:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return a is b
+    return a == b
+
+
+def _clone(out):
+    return tuple(_clone(o) for o in out) if isinstance(out, tuple) else out.clone()
+
+
+def _copy_into(static, fresh) -> None:
+    if isinstance(static, tuple):
+        for s, f in zip(static, fresh):
+            _copy_into(s, f)
+    else:
+        static.copy_(fresh)

@@ -1,0 +1,88 @@
+"""decoding/engine/cuda_graph.py on the CPU: the buffer bookkeeping of a graph replay, emulated (a CUDA graph
+itself only runs on a GPU: benchmarks/gpu_smoke.py checks the capture there)."""
+
+import logging
+
+import pytest
+import torch
+
+from decoding.engine import cuda_graph
+from decoding.engine.cuda_graph import GraphCaptureError, GraphReplayer, StaticGraph
+
+
+def scaled_sum(x, bias, weight, times):
+    return (x @ weight) * times + (0 if bias is None else bias), x.sum()
+
+
+def test_an_emulated_replay_computes_from_the_new_inputs_into_the_same_output_buffers():
+    weight = torch.randn(3, 2)
+    x1, x2 = torch.randn(4, 3), torch.randn(4, 3)
+    graph = StaticGraph(scaled_sum, {"x": x1, "bias": None}, {"weight": weight, "times": 2}, emulate=True)
+    first = graph({"x": x1, "bias": None})
+    kept = first[0].clone()
+    torch.testing.assert_close(kept, (x1 @ weight) * 2)
+    second = graph({"x": x2, "bias": None})
+    assert second[0] is first[0] and second[1] is first[1]  # the graph's own buffers, overwritten
+    torch.testing.assert_close(first[0], (x2 @ weight) * 2)
+    torch.testing.assert_close(second[1], x2.sum())
+    assert not torch.equal(kept, first[0])  # what a caller did not keep is gone
+
+
+def test_a_graph_fits_the_same_shapes_none_pattern_and_constants_only():
+    weight = torch.randn(3, 2)
+    graph = StaticGraph(scaled_sum, {"x": torch.randn(4, 3), "bias": None}, {"weight": weight, "times": 2},
+                        emulate=True)
+    assert graph.fits({"x": torch.randn(4, 3), "bias": None}, {"weight": weight, "times": 2})
+    assert not graph.fits({"x": torch.randn(5, 3), "bias": None}, {"weight": weight, "times": 2})
+    assert not graph.fits({"x": torch.randn(4, 3, dtype=torch.float64), "bias": None}, {"weight": weight, "times": 2})
+    assert not graph.fits({"x": torch.randn(4, 3), "bias": torch.zeros(2)}, {"weight": weight, "times": 2})
+    assert not graph.fits({"x": torch.randn(4, 3), "bias": None}, {"weight": weight, "times": 3})
+    # the same values in another tensor: a real graph would still read the old memory
+    assert not graph.fits({"x": torch.randn(4, 3), "bias": None}, {"weight": weight.clone(), "times": 2})
+    assert not graph.fits({"x": torch.randn(4, 3)}, {"weight": weight, "times": 2})
+
+
+def test_the_replayer_captures_once_per_name_and_shape_and_again_when_a_call_does_not_fit():
+    weight = torch.randn(3, 2)
+    replayer = GraphReplayer(True, "method.cuda_graph", emulate=True)
+    for rows in (4, 4, 4, 6, 6, 4):
+        x = torch.randn(rows, 3)
+        out, _ = replayer("step", scaled_sum, {"x": x, "bias": None}, {"weight": weight, "times": 1})
+        torch.testing.assert_close(out, x @ weight)
+    assert replayer.captures == 3 and replayer.overwrites
+
+
+def test_a_disabled_replayer_runs_eagerly_and_returns_fresh_tensors():
+    replayer = GraphReplayer(False, "method.cuda_graph")
+    weight = torch.randn(3, 2)
+    a = replayer("step", scaled_sum, {"x": torch.randn(4, 3), "bias": None}, {"weight": weight, "times": 1})
+    b = replayer("step", scaled_sum, {"x": torch.randn(4, 3), "bias": None}, {"weight": weight, "times": 1})
+    assert a[0] is not b[0] and not replayer.overwrites and replayer.captures == 0
+
+
+def test_a_failed_capture_is_one_warning_then_every_call_runs_eagerly(monkeypatch, caplog):
+    def refuse(*args, **kwargs):
+        raise GraphCaptureError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(cuda_graph, "StaticGraph", refuse)
+    replayer = GraphReplayer(True, "method.cuda_graph")
+    weight, x = torch.randn(3, 2), torch.randn(4, 3)
+    with caplog.at_level(logging.WARNING):
+        for _ in range(3):
+            out, _ = replayer("chain:greedy", scaled_sum, {"x": x, "bias": None}, {"weight": weight, "times": 1})
+            torch.testing.assert_close(out, x @ weight)
+    lines = [r.getMessage() for r in caplog.records if r.name == cuda_graph.__name__]
+    assert len(lines) == 1 and "chain:greedy" in lines[0] and "method.cuda_graph=false" in lines[0]
+    assert not replayer.enabled and not replayer.overwrites
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a CUDA graph needs a GPU")
+def test_a_captured_graph_replays_on_the_gpu():
+    weight = torch.randn(3, 2, device="cuda")
+    replayer = GraphReplayer(True, "method.cuda_graph")
+    for _ in range(3):
+        x = torch.randn(4, 3, device="cuda")
+        out, total = replayer("step", scaled_sum, {"x": x, "bias": None}, {"weight": weight, "times": 2})
+        torch.testing.assert_close(out, (x @ weight) * 2)
+        torch.testing.assert_close(total, x.sum())
+    assert replayer.captures == 1
