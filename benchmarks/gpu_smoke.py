@@ -5,7 +5,7 @@ On one GPU (default shape: Qwen3-1.7B's, random weights; a few minutes):
    τ, host ms per step (wall minus network forwards), and at T=0 the tie diagnosis of every
    mismatch with AR (decoding/engine/ties.py): a lossless method may leave AR only at near-ties;
    then Domino with method.compile=true (`--compiled`; the torch.compile'd chain, Triton on a GPU);
-2. DominoTree's fast builder (depth by depth; on CUDA each depth is a CUDA-graph replay) against the
+2. DominoTree's fast builder (depth by depth; on CUDA the whole tree is one CUDA-graph replay) against the
    reference builder on the drafts of a real run: equal trees, and each builder's ms per tree; then the
    Domino chain replayed from its CUDA graphs against the eager chain on the rounds of a real run at T=0
    and T=1: the same picks, and each path's ms per chain (off CUDA the replay is emulated);
@@ -436,7 +436,7 @@ def main() -> int:
                         f"{b['differing_rounds'] - b['near_tie_rounds']} round(s) beyond a near-tie "
                         f"({b['size_mismatch_rounds']} in size; largest score gap {b['max_score_gap']:.3g})")
     if report["builders"].get("cuda_graph") == "capture failed":
-        problems.append("the DominoTree depth step's CUDA graph could not be captured (ran eagerly)")
+        problems.append("the DominoTree builder's CUDA graph could not be captured (ran eagerly)")
     chains = report["chains"]
     if "error" in chains:
         problems.append(f"the Domino chain's graph-vs-eager comparison crashed ({chains['error']})")

@@ -12,10 +12,10 @@ Two implementations, which must build identical trees:
 - `ReferenceScorer`: the straightforward per-node computation (the GRU cell, embed_proj's modules),
   an `expand` for the best-first heap, node by node, as the reference repository builds it;
 - `LevelBuilder` (`builder=fast`): the same tree built depth by depth, every node of a depth in one
-  batched step on the model's device, one host read per depth; on CUDA each depth is one CUDA-graph
-  replay (decoding/engine/cuda_graph.py; run on an H200 on 2026-12-04, before a depth's candidates moved
-  into the graph; the current graph has not run on a GPU). The reference's own GPU builder replays a graph and reads the host once
-  per node (16 per tree).
+  batched step on the model's device, one host read per depth. On CUDA the whole tree is one CUDA-graph
+  replay and one host read (decoding/engine/cuda_graph.py). Until 2026-12-05 each depth was one replay, run
+  on an H200 on 2026-12-04; the whole-tree graph has not run on a GPU. The reference's own GPU builder
+  replays a graph and reads the host once per node (16 per tree).
 """
 
 from __future__ import annotations
@@ -66,16 +66,67 @@ def level_step(h, score, best, z_proj, base_row, w2, table, w_s_t, w_hh_t, m: in
     children whose score reaches that running W-th best (no node below it can be among the tree's W
     best), with their GRU states. The depth's tables are made here, for the depths the tree reaches
     only (a [D, V] top-M for every depth of the block costs ~100 us per row at a 49k vocabulary on a
-    CPU). Shapes never depend on the data, so on CUDA this is what one graph captures.
+    CPU).
     -> (child scores [W*K] f64, child ids [W*K], lanes' source child [W], next scores [W] f64,
         next states [W, G], best [W] f64, number of live next lanes)"""
-    lanes = h.shape[0]
     base_c, cand = torch.topk(base_row, m)  # [M]
+    return corrected_level(h, score, best, z_proj, base_c, cand, w2, table, w_s_t, w_hh_t, k)
+
+
+def corrected_level(h, score, best, z_proj, base_c, cand, w2, table, w_s_t, w_hh_t, k: int):
+    """`level_step` given the depth's candidates `cand` [M] and their base logits `base_c` [M]."""
     mid = torch.nn.functional.silu(torch.addmm(z_proj, h, w_s_t))  # [W, E]
     # F.embedding gathers rows: the same numbers as w2[cand], several times cheaper on a CPU
     logp = torch.log_softmax(torch.addmm(base_c, mid, F.embedding(cand, w2).t()), -1)  # [W, M]
     values, local = torch.topk(logp, k, dim=-1)  # [W, K]
-    return select_lanes(h, score, best, values, local, cand, table, w_hh_t, lanes)
+    return select_lanes(h, score, best, values, local, cand, table, w_hh_t, h.shape[0])
+
+
+def uncorrected_level(h, score, best, prefix_vals, prefix_ids, table, w_hh_t):
+    """A depth of the uncorrected prefix: every lane has the same children, the top-K of the depth's base
+    log-probabilities (`prefix_vals`, `prefix_ids` [K])."""
+    lanes = h.shape[0]
+    values = prefix_vals.expand(lanes, -1)
+    local = torch.arange(values.shape[-1], device=h.device).expand(lanes, -1)
+    return select_lanes(h, score, best, values, local, prefix_ids, table, w_hh_t, lanes)
+
+
+def first_lanes(root, table, w_hh_t, lanes: int):
+    """The W lanes before depth 1: the root's GRU state in lane 0 (score 0), dead lanes (-inf) after it.
+    `root`: the root's id, a [1] tensor on the device. -> (h [W, G], score [W] f64, best [W] f64)"""
+    root_gi = F.embedding(root, table)  # [1, 3G]
+    h = gru_cell(root_gi, root_gi.new_zeros(1, w_hh_t.shape[0]), w_hh_t)
+    h = torch.cat([h, h.new_zeros(lanes - 1, h.shape[1])])
+    score = torch.full((lanes,), NEG_INF, dtype=torch.float64, device=h.device)
+    score[0] = 0.0
+    return h, score, torch.full_like(score, NEG_INF)
+
+
+def whole_tree(root, z, base, w_z, w2, table, w_s_t, w_hh_t, m: int, k: int, k_prefix: int, prefix: int, lanes: int):
+    """Every depth of the block with no early stop, so no host read until the end: on CUDA the whole build is
+    one graph replay (`LevelBuilder` with graphs). Depths past the one where the build would stop have only
+    dead lanes, whose children score -inf, so the best nodes found are the early-stopping build's (ties at the
+    cut-off aside). The top-M of every corrected depth is one batched top-k (cheap on a GPU; on a CPU the
+    eager build takes it per depth reached instead).
+    -> (the best 2W nodes' flat indices, scores (f64) and ids, every depth's lane sources), as `build` reads them"""
+    p = min(prefix, len(base))
+    z_proj = z.float() @ w_z.t()  # [D, E]
+    prefix_vals, prefix_ids = torch.topk(torch.log_softmax(base[:p].float(), -1), k_prefix, dim=-1)
+    base_c, cand = torch.topk(base[p:], m, dim=-1)  # [D - p, M]
+    h, score, best = first_lanes(root, table, w_hh_t, lanes)
+    children, ids, sources = [], [], []
+    for d in range(len(base)):
+        if d < p:
+            level = uncorrected_level(h, score, best, prefix_vals[d], prefix_ids[d], table, w_hh_t)
+        else:
+            level = corrected_level(h, score, best, z_proj[d], base_c[d - p], cand[d - p], w2, table, w_s_t, w_hh_t, k)
+        child, child_ids, src, score, h, best, _ = level
+        children.append(child)
+        ids.append(child_ids)
+        sources.append(src)
+    scores = torch.cat(children)
+    top = torch.topk(scores, min(2 * lanes, len(scores)))
+    return top.indices, top.values, torch.cat(ids).index_select(0, top.indices), torch.cat(sources)
 
 
 def select_lanes(h, score, best, values, local, cand, table, w_hh_t, lanes: int):
@@ -103,38 +154,36 @@ class LevelBuilder:
     the build stops at the first depth where none does. Per depth one host read (the live lane
     count); the tree itself is read once at the end. Per round, the z-part of W1 for every depth (one
     matmul); per depth reached, its top-M candidates and their W2 rows (`level_step`); the GRU input of a
-    chosen child is a row of the input table. All on the model's device, all head math in fp32; on
-    CUDA each depth is one graph replay (`decoding.engine.cuda_graph`)."""
+    chosen child is a row of the input table. All on the model's device, all head math in fp32. On
+    CUDA the whole build is one graph replay instead (`whole_tree`, `decoding.engine.cuda_graph`): every
+    depth of the block, no early stop, so no host read until the tree's."""
 
     @torch.inference_mode()
     def __init__(self, drafter, head, embed, z: torch.Tensor, base: torch.Tensor, k: int, m: int,
                  graphs: GraphReplayer | None = None):
-        """`head`: the drafter's Float32Head. `graphs`: the caller's GraphReplayer, kept across rounds; it
-        holds the depth step's captured graph ("level"). None: every depth runs eagerly."""
+        """`head`: the drafter's Float32Head. `graphs`: the caller's GraphReplayer, kept across rounds: with it
+        (on CUDA) the whole build is one graph replay (`whole_tree`); None: depth by depth, eagerly, stopping at
+        the first depth with no live lane."""
         self.prefix = drafter.spec.pure_draft_prefix_len
         depths, vocab = base.shape
         self.m = min(m, vocab)
         self.k = min(k, self.m)
-        self.z_rows = (z.float() @ head.w_z.t()).unbind(0)  # [E] per depth: views made once, not per depth
-        self.base_rows = base.unbind(0)
         self.table, self.w_hh_t = head.input_table(embed), head.w_hh_t  # [V, 3G]: every token's GRU input
-        # level_step's weights: the head's own tensors every round (a CUDA graph reads them in place)
+        # the head's own tensors every round (a CUDA graph reads them in place)
         self.weights = {"w2": head.w2, "table": self.table, "w_s_t": head.w_s_t, "w_hh_t": self.w_hh_t}
-        p = min(self.prefix, depths)
-        self.prefix_vals, self.prefix_ids = torch.topk(torch.log_softmax(base[:p].float(), -1), min(k, vocab), dim=-1)
-        self.graphs = graphs
+        self.head, self.z, self.base, self.k_prefix = head, z, base, min(k, vocab)
+        self.graphs = graphs if graphs is not None and graphs.enabled else None  # a failed capture: eager from then on
+        if self.graphs is None:
+            self.z_rows = (z.float() @ head.w_z.t()).unbind(0)  # [E] per depth: views made once, not per depth
+            self.base_rows = base.unbind(0)
+            p = min(self.prefix, depths)
+            self.prefix_vals, self.prefix_ids = torch.topk(torch.log_softmax(base[:p].float(), -1), self.k_prefix,
+                                                           dim=-1)
 
     def _depth(self, d: int, h, score, best):
-        if d < self.prefix:  # uncorrected depth: every lane has the same children
-            lanes = h.shape[0]
-            values = self.prefix_vals[d].expand(lanes, -1)
-            local = torch.arange(values.shape[-1], device=h.device).expand(lanes, -1)
-            return select_lanes(h, score, best, values, local, self.prefix_ids[d], self.table, self.w_hh_t, lanes)
-        rows = {"h": h, "score": score, "best": best, "z_proj": self.z_rows[d], "base_row": self.base_rows[d]}
-        constants = {**self.weights, "m": self.m, "k": self.k}
-        if self.graphs is None:
-            return level_step(**rows, **constants)
-        return self.graphs("level", level_step, rows, constants)
+        if d < self.prefix:
+            return uncorrected_level(h, score, best, self.prefix_vals[d], self.prefix_ids[d], self.table, self.w_hh_t)
+        return level_step(h, score, best, self.z_rows[d], self.base_rows[d], **self.weights, m=self.m, k=self.k)
 
     @torch.inference_mode()
     def build(self, root: int, budget: int, max_depth: int, admit=None):
@@ -143,17 +192,18 @@ class LevelBuilder:
         from decoding.drafting.draft_tree import BuiltTree
 
         dev, lanes = self.table.device, budget
-        root_gi = F.embedding(to_device([root], dev), self.table)  # [1, 3G]
-        h = gru_cell(root_gi, root_gi.new_zeros(1, self.w_hh_t.shape[0]), self.w_hh_t)
-        h = torch.cat([h, h.new_zeros(lanes - 1, h.shape[1])])
-        score = torch.full((lanes,), NEG_INF, dtype=torch.float64, device=dev)
-        score[0] = 0.0
-        best = torch.full_like(score, NEG_INF)
+        root_id = to_device([root], dev)
+        depths = min(max_depth, len(self.base))
+        if self.graphs is not None and depths > 0:
+            found = self.graphs("tree", whole_tree, {"root": root_id, "z": self.z[:depths], "base": self.base[:depths]},
+                                {"w_z": self.head.w_z, **self.weights, "m": self.m, "k": self.k,
+                                 "k_prefix": self.k_prefix, "prefix": self.prefix, "lanes": lanes})
+            widths = [self.k_prefix] * min(self.prefix, depths) + [self.k] * max(0, depths - self.prefix)
+            return self._assemble(root, widths, lanes, *to_host(*found), budget, admit)
+        h, score, best = first_lanes(root_id, self.table, self.w_hh_t, lanes)
         children, ids, sources = [], [], []
         for d in range(max_depth):
             child, child_ids, src, score, h, best, live = self._depth(d, h, score, best)
-            if self.graphs is not None and self.graphs.overwrites:  # a graph's outputs: overwritten by the next depth
-                child, child_ids, src = child.clone(), child_ids.clone(), src.clone()
             children.append(child)
             ids.append(child_ids)
             sources.append(src)

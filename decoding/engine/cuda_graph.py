@@ -1,6 +1,6 @@
 """Replaying a fixed-shape drafting step from a CUDA graph: for the loops whose cost on a GPU is the launch
-of hundreds of tiny kernels, not their arithmetic (DominoTree's depth step, ~12 kernels per depth; the Domino
-chain, ~14 per drafted position).
+of hundreds of tiny kernels, not their arithmetic (DominoTree's tree, ~15 kernels per depth; the Domino chain,
+~14 per drafted position).
 
 `StaticGraph(fn, inputs, constants)` captures `fn(**inputs, **constants)` once. `inputs` are the tensors that
 change from call to call: the graph reads static copies of them, and every call copies the new values in

@@ -148,27 +148,36 @@ def test_conditional_tree_matches_brute_force_scoring_of_every_path(seed, tiny_d
             assert got[p] == pytest.approx(want[p], abs=1e-4)
 
 
+@pytest.mark.parametrize("whole", [False, True], ids=["by_depth", "whole_tree"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("seed", range(12))
-def test_fast_builder_builds_exactly_the_reference_trees(seed, dtype, tiny_drafter):
+def test_fast_builder_builds_exactly_the_reference_trees(seed, dtype, whole, tiny_drafter):
     """Also for a bf16 drafter: both builders run the head in fp32 (Float32Head), so their
-    scores differ by fp32 rounding only (stated tolerance 1e-5) and the trees are the same."""
+    scores differ by fp32 rounding only (stated tolerance 1e-5) and the trees are the same. `whole_tree`: the
+    one-graph build of CUDA, its replay emulated."""
+    from decoding.engine.cuda_graph import GraphReplayer
+
     drafter, embed, z, base = domino_case(tiny_drafter, seed, vocab=40, depth=6)
     drafter, embed, z = drafter.to(dtype), embed.to(dtype), z.to(dtype)
     base = base.to(dtype).float()  # lm_head output of a bf16 model, read out in fp32
     head = Float32Head(drafter)
     ref = build_best_first(3, ReferenceScorer(drafter, head, embed, z, base, 8, 16), 24, max_depth=6)
-    fast = LevelBuilder(drafter, head, embed, z, base, 8, 16).build(3, 24, max_depth=6)
+    graphs = GraphReplayer(True, "method.cuda_graph", emulate=True) if whole else None
+    fast = LevelBuilder(drafter, head, embed, z, base, 8, 16, graphs=graphs).build(3, 24, max_depth=6)
     assert fast.tree.tokens == ref.tree.tokens and fast.tree.parents == ref.tree.parents
     np.testing.assert_allclose(fast.scores, ref.scores, atol=1e-5)
 
 
+@pytest.mark.parametrize("whole", [False, True], ids=["by_depth", "whole_tree"])
 @pytest.mark.parametrize("prefix", [0, 1, 2])
 @pytest.mark.parametrize("peak", [1.0, 6.0])  # 6: peaked marginals, deep narrow trees (early stop is rare)
 @pytest.mark.parametrize("seed", range(3))
-def test_level_builder_equals_the_heap_with_any_prefix_budget_and_stop_rule(seed, peak, prefix, tiny_drafter):
+def test_level_builder_equals_the_heap_with_any_prefix_budget_and_stop_rule(seed, peak, prefix, whole, tiny_drafter):
     """The depth-by-depth builder pops what the node-by-node heap pops: every uncorrected-prefix
-    length, shallow and deep trees, and a cost-aware stop that ends the tree before the budget."""
+    length, shallow and deep trees, and a cost-aware stop that ends the tree before the budget. `whole_tree`:
+    the build CUDA replays as one graph (every depth, no early stop), its replay emulated on the CPU."""
+    from decoding.engine.cuda_graph import GraphReplayer
+
     drafter, embed, z, base = domino_case(tiny_drafter, seed, vocab=40, depth=7)
     drafter.spec.pure_draft_prefix_len = prefix
     base = base * peak
@@ -178,7 +187,10 @@ def test_level_builder_equals_the_heap_with_any_prefix_budget_and_stop_rule(seed
         stop = (lambda: None) if admit is None else (lambda: CostAwareStop(cost, 100))  # the rule keeps state
         ref = build_best_first(5, ReferenceScorer(drafter, head, embed, z, base, 4, 12), budget, max_depth=7,
                                admit=stop())
-        fast = LevelBuilder(drafter, head, embed, z, base, 4, 12).build(5, budget, max_depth=7, admit=stop())
+        graphs = GraphReplayer(True, "method.cuda_graph", emulate=True) if whole else None
+        fast = LevelBuilder(drafter, head, embed, z, base, 4, 12, graphs=graphs).build(5, budget, max_depth=7,
+                                                                                      admit=stop())
+        assert graphs is None or graphs.captures == 1
         assert fast.tree.tokens == ref.tree.tokens and fast.tree.parents == ref.tree.parents
         assert fast.stopped_early == ref.stopped_early
         np.testing.assert_allclose(fast.scores, ref.scores, atol=1e-5)
