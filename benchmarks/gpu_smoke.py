@@ -4,7 +4,8 @@ On one GPU (default shape: Qwen3-1.7B's, random weights; a few minutes):
 1. every method (pipeline/zoo.py METHODS) at T=0 and T=1 on a few prompts: no crash, tokens/s,
    τ, host ms per step (wall minus network forwards), and at T=0 the tie diagnosis of every
    mismatch with AR (decoding/engine/ties.py): a lossless method may leave AR only at near-ties;
-   then Domino with method.compile=true (`--compiled`; the torch.compile'd chain, Triton on a GPU);
+   then Domino with method.compile=true (`--compiled`; the torch.compile'd chain, Triton on a GPU), and
+   Domino and DominoTree with method.cuda_graph=false (`--eager`: their drafting without CUDA graphs);
 2. DominoTree's fast builder (depth by depth; on CUDA the whole tree is one CUDA-graph replay) against the
    reference builder on the drafts of a real run: equal trees, and each builder's ms per tree; then the
    Domino chain replayed from its CUDA graphs against the eager chain on the rounds of a real run at T=0
@@ -50,16 +51,18 @@ from pipeline.zoo import METHODS, build_method, host_overhead, mixed_prompts, ra
 SECTIONS = {"methods", "builders", "curve", "hybrid"}  # 1-4 of the docstring
 
 
-def run_methods(target, folder, shape, names, prompt_ids, max_new_tokens, compiled=(), on_row=None,
+def run_methods(target, folder, shape, names, prompt_ids, max_new_tokens, compiled=(), eager=(), on_row=None,
                 deadline: float | None = None) -> list[dict]:
-    """Every method of `names` at its defaults, then those of `compiled` with method.compile=true; each
-    row goes to `on_row` as soon as it is measured (a run cut short keeps what it printed). A method not
-    started by `deadline` (a perf_counter time) is a `skipped` row, so the later sections still run
-    inside the device's time limit."""
+    """Every method of `names` at its defaults, then those of `compiled` with method.compile=true and those of
+    `eager` with method.cuda_graph=false. Each row goes to `on_row` as soon as it is measured (a run cut short
+    keeps what it printed). A method not started by `deadline` (a perf_counter time) is a `skipped` row, so the
+    later sections still run inside the device's time limit."""
     rows, ar_outputs = [], None
     on_row = on_row or print_row
-    for name, overrides in [(n, {}) for n in names] + [(n, {"compile": True}) for n in compiled]:
-        label = name + (" compiled" if overrides else "")
+    variants = [(n, "", {}) for n in names] + [(n, " compiled", {"compile": True}) for n in compiled] + \
+        [(n, " eager", {"cuda_graph": False}) for n in eager]
+    for name, suffix, overrides in variants:
+        label = name + suffix
         if deadline is not None and time.perf_counter() > deadline:
             rows.append({"method": label, "T": None, "skipped": "time budget"})
             on_row(rows[-1])
@@ -346,6 +349,9 @@ def main() -> int:
     ap.add_argument("--max-new-tokens", type=int, default=None, help="default 48 (tiny: 16)")
     ap.add_argument("--compiled", default=None,
                     help="methods also run with method.compile=true (default domino; tiny: none, it compiles for ~1 min)")
+    ap.add_argument("--eager", default=None,
+                    help="methods also run with method.cuda_graph=false (default domino,dominotree; tiny: none, a CPU "
+                         "has no graphs)")
     ap.add_argument("--max-rows", type=int, default=1024, help="largest row count of the cost curve")
     ap.add_argument("--hybrid-methods", default=None, help="section 4's methods (default: --methods)")
     ap.add_argument("--sections", default="methods,builders,curve,hybrid",
@@ -388,6 +394,8 @@ def main() -> int:
     prompt_ids = mixed_prompts(n_prompts, target.config.vocab_size - 1)
     names = [m for m in args.methods.split(",") if m]
     compiled = [m for m in (args.compiled if args.compiled is not None else "" if args.tiny else "domino").split(",") if m]
+    eager = [m for m in (args.eager if args.eager is not None else "" if args.tiny else "domino,dominotree").split(",")
+             if m]
     names = with_ar_first(names)
 
     def recorder(rows: list, prefix: str = ""):
@@ -404,7 +412,7 @@ def main() -> int:
     report["builders"], report["chains"], report["cost_curve"], report["hybrid"] = not_run, not_run, not_run, []
     if "methods" in sections:  # host_overhead warms each method up (untimed) before its timed runs
         deadline = None if args.methods_budget_s is None else time.perf_counter() + args.methods_budget_s
-        run_methods(target, folder, shape, names, prompt_ids, max_new, compiled, on_row=recorder(report["methods"]),
+        run_methods(target, folder, shape, names, prompt_ids, max_new, compiled, eager, on_row=recorder(report["methods"]),
                     deadline=deadline)
     if "builders" in sections:
         report["builders"] = section(compare_builders, target, folder, shape, prompt_ids[:2], max_new)

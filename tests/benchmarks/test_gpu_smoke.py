@@ -220,3 +220,22 @@ def test_an_unknown_section_is_refused_in_one_line_before_anything_runs():
                            "methods,curves"], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and proc.stdout.strip().splitlines() == [
         "gpu smoke: FAILED: unknown section(s) ['curves'] (known: ['builders', 'curve', 'hybrid', 'methods'])"]
+
+
+def test_eager_variants_run_with_cuda_graphs_off_after_the_defaults(tmp_path, monkeypatch, capsys):
+    smoke = load_smoke()
+    built = []
+    real = smoke.build_method
+
+    def recording(name, *args, **overrides):
+        method = real(name, *args, **overrides)
+        built.append((name, method.config.cuda_graph if hasattr(method.config, "cuda_graph") else None))
+        return method
+
+    code, report, last = run_smoke(tmp_path, monkeypatch, capsys, "--methods", "ar,domino", "--eager", "domino",
+                                   "--sections", "methods", build_method=recording)
+    assert code == 3 and report["problems"] == []
+    assert [(r["method"], r["T"]) for r in report["methods"]] == [
+        ("ar", 0.0), ("ar", 1.0), ("domino", 0.0), ("domino", 1.0), ("domino eager", 0.0), ("domino eager", 1.0)]
+    assert built == [("ar", None), ("domino", True), ("domino", False)]
+    assert report["methods"][-2]["diverged"] == 0
