@@ -63,7 +63,7 @@ def main() -> None:
     z_proj = torch.randn(corrected, head.w2.shape[1], generator=gen, device=device)
     base_rows = torch.randn(corrected, pool_size, generator=gen, device=device)
     first = torch.randint(3, vocab, (prefix + 1,), generator=gen, device=device)  # root + uncorrected prefix
-    table, w2 = head.input_table(method.embed), head.w2 if pool is None else head.w2[pool]
+    table, w2 = head.input_table(method.embed), head.w2  # the pool's rows are gathered inside the chain
     compiled = maybe_compiled(chain_picks, True, "method.compile")
     print(f"{args.shape} random model, {args.device}, {args.dtype} drafter, head in fp32, threads={torch.get_num_threads()}: "
           f"{corrected} corrected positions over {'a ' + str(pool_size) + '-token pool' if pool is not None else 'the ' + str(vocab) + '-token vocabulary'}, "

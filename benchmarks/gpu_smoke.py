@@ -152,7 +152,8 @@ def compare_builders(target, folder, shape, prompt_ids, max_new_tokens) -> dict:
 
     for p in prompt_ids:
         generate(method, target, p, max_new_tokens=max_new_tokens)
-    graphs = device_graphs(target.device)
+    # a GPU: the fast builder as DominoTree runs it there, one graph per tree; a CPU: depth by depth, eagerly
+    graphs = device_graphs(target.device) if torch.device(target.device).type == "cuda" else None
     times = {"fast": [], "reference": []}
     gaps = []  # per round whose trees differ: tree_gap of the two trees (None: different sizes)
     for i, (root, draft) in enumerate(recorded):
@@ -179,7 +180,8 @@ def compare_builders(target, folder, shape, prompt_ids, max_new_tokens) -> dict:
             "near_tie_rounds": sum(g is not None and g <= TREE_TIE_TOLERANCE for g in gaps),
             "size_mismatch_rounds": sum(g is None for g in gaps),
             "max_score_gap": max((g for g in gaps if g is not None), default=0.0),
-            "cuda_graph": graph_state(graphs), "fast_ms_per_tree": ms["fast"], "reference_ms_per_tree": ms["reference"]}
+            "cuda_graph": graph_state(graphs), "captures": graphs.captures if graphs else 0,
+            "fast_ms_per_tree": ms["fast"], "reference_ms_per_tree": ms["reference"]}
 
 
 def device_graphs(device) -> GraphReplayer:
@@ -187,11 +189,27 @@ def device_graphs(device) -> GraphReplayer:
     return GraphReplayer(True, "method.cuda_graph", emulate=torch.device(device).type != "cuda")
 
 
-def graph_state(graphs: GraphReplayer) -> str:
-    """"captured" (a CUDA graph replayed), "emulated" (no GPU), "capture failed" (ran eagerly) or "not used"."""
+def graph_state(graphs: GraphReplayer | None) -> str:
+    """"captured" (a CUDA graph replayed), "emulated" (no GPU), "capture failed" (ran eagerly), "not used", or
+    "none" (a CPU's eager build)."""
+    if graphs is None:
+        return "none"
     if not graphs.enabled:
         return "capture failed"
     return ("emulated" if graphs.emulate else "captured") if graphs.captures else "not used"
+
+
+def graph_problems(what: str, section: dict, expected_captures: int) -> list[str]:
+    """A graph that could not be captured, was never used, or was captured again and again (its inputs' shapes or
+    its weights change between rounds: every capture is a sync) is a problem: it ran, but not as designed."""
+    state = section.get("cuda_graph")
+    if state == "capture failed":
+        return [f"{what}'s CUDA graph could not be captured (ran eagerly)"]
+    if state == "not used":
+        return [f"{what}'s CUDA graph was never used"]
+    if state in ("captured", "emulated") and section.get("captures") != expected_captures:
+        return [f"{what}'s CUDA graph was captured {section.get('captures')} times, not {expected_captures}"]
+    return []
 
 
 def compare_chains(target, folder, shape, prompt_ids, max_new_tokens) -> dict:
@@ -213,25 +231,35 @@ def compare_chains(target, folder, shape, prompt_ids, max_new_tokens) -> dict:
     graphed = graphed_chain(graphs)
     times = {"eager": [], "graph": []}
     differing = near_ties = 0
-    for args in calls:
-        out, captures = {}, graphs.captures
-        for kind, chain in (("eager", chain_picks), ("graph", graphed)):
-            synchronize(target.device)
-            t0 = time.perf_counter()
-            picks, rows = chain(*args)
-            synchronize(target.device)
-            if graphs.captures == captures:  # a round that captured its branch's graph is not timed
-                times[kind].append(time.perf_counter() - t0)
-            out[kind] = (picks.clone(), rows.clone())
-        (want, want_rows), (got, got_rows) = out["eager"], out["graph"]
-        if not torch.equal(got, want):
-            differing += 1
-            first = int((got != want).nonzero()[0])
-            near_ties += bool((got_rows[:first + 1] - want_rows[:first + 1]).abs().max() <= TREE_TIE_TOLERANCE)
+    with torch.inference_mode():  # as Domino.propose runs the chain
+        for args in calls:
+            differs, tie = replay_round(args, graphed, graphs, times, target.device)
+            differing += differs
+            near_ties += tie
     ms = {k: round(1000 * sum(v) / max(1, len(v)), 3) for k, v in times.items()}
     return {"rounds": len(calls), "differing_rounds": differing, "near_tie_rounds": near_ties,
             "cuda_graph": graph_state(graphs), "captures": graphs.captures,
             "eager_ms_per_chain": ms["eager"], "graph_ms_per_chain": ms["graph"]}
+
+
+def replay_round(args, graphed, graphs: GraphReplayer, times: dict, device) -> tuple[bool, bool]:
+    """One recorded round through the eager chain and the graph: (picks differ, and only at a near-tie)."""
+    from decoding.methods.domino import chain_picks
+
+    out, captures = {}, graphs.captures
+    for kind, chain in (("eager", chain_picks), ("graph", graphed)):
+        synchronize(device)
+        t0 = time.perf_counter()
+        picks, rows = chain(*args)
+        synchronize(device)
+        if graphs.captures == captures:  # a round that captured its branch's graph is not timed
+            times[kind].append(time.perf_counter() - t0)
+        out[kind] = (picks.clone(), rows.clone())
+    (want, want_rows), (got, got_rows) = out["eager"], out["graph"]
+    if torch.equal(got, want):
+        return False, False
+    first = int((got != want).nonzero()[0])
+    return True, bool((got_rows[:first + 1] - want_rows[:first + 1]).abs().max() <= TREE_TIE_TOLERANCE)
 
 
 # Both builders keep the budget's best nodes by cumulative log-probability, with the head's math in fp32. Where
@@ -443,16 +471,14 @@ def main() -> int:
         problems.append(f"the fast and reference DominoTree builders built different trees in "
                         f"{b['differing_rounds'] - b['near_tie_rounds']} round(s) beyond a near-tie "
                         f"({b['size_mismatch_rounds']} in size; largest score gap {b['max_score_gap']:.3g})")
-    if report["builders"].get("cuda_graph") == "capture failed":
-        problems.append("the DominoTree builder's CUDA graph could not be captured (ran eagerly)")
+    problems += graph_problems("the DominoTree builder", report["builders"], expected_captures=1)
     chains = report["chains"]
     if "error" in chains:
         problems.append(f"the Domino chain's graph-vs-eager comparison crashed ({chains['error']})")
     elif chains.get("differing_rounds", 0) > chains.get("near_tie_rounds", 0):
         problems.append(f"the Domino chain drafted differently from its CUDA graph in "
                         f"{chains['differing_rounds'] - chains['near_tie_rounds']} round(s) beyond a near-tie")
-    elif chains.get("cuda_graph") == "capture failed":
-        problems.append("the Domino chain's CUDA graph could not be captured (ran eagerly)")
+    problems += graph_problems("the Domino chain", chains, expected_captures=2)  # T = 0 and T > 0
     if isinstance(report["cost_curve"], dict) and "error" in report["cost_curve"]:  # section() caught a crash
         problems.append(f"the forward-cost curve crashed ({report['cost_curve']['error']})")
     skipped = [f"section {name}" for name in sorted(SECTIONS - sections)] + [r["method"] for r in rows if "skipped" in r]

@@ -193,12 +193,13 @@ class LevelBuilder:
 
         dev, lanes = self.table.device, budget
         root_id = to_device([root], dev)
-        depths = min(max_depth, len(self.base))
-        if self.graphs is not None and depths > 0:
-            found = self.graphs("tree", whole_tree, {"root": root_id, "z": self.z[:depths], "base": self.base[:depths]},
+        max_depth = min(max_depth, len(self.base))  # a block's rows are its depths
+        if self.graphs is not None and max_depth > 0:
+            found = self.graphs("tree", whole_tree,
+                                {"root": root_id, "z": self.z[:max_depth], "base": self.base[:max_depth]},
                                 {"w_z": self.head.w_z, **self.weights, "m": self.m, "k": self.k,
                                  "k_prefix": self.k_prefix, "prefix": self.prefix, "lanes": lanes})
-            widths = [self.k_prefix] * min(self.prefix, depths) + [self.k] * max(0, depths - self.prefix)
+            widths = [self.k_prefix] * min(self.prefix, max_depth) + [self.k] * max(0, max_depth - self.prefix)
             return self._assemble(root, widths, lanes, *to_host(*found), budget, admit)
         h, score, best = first_lanes(root_id, self.table, self.w_hh_t, lanes)
         children, ids, sources = [], [], []

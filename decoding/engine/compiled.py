@@ -3,8 +3,9 @@ hundreds of tiny operations, not arithmetic (the Domino chain: ~25 small ops per
 
 Compiled on a CPU, such a loop is one C++ program from inductor (the Domino chain of the host-overhead
 model runs 3-5x faster: benchmarks/bench_domino_chain.py); on a GPU (default mode) it should be a few fused
-Triton kernels plus a cuBLAS call per position, still launched one by one (not yet run on a GPU;
-`mode="reduce-overhead"`, CUDA graphs, is the thing to try there). Shapes are static (`dynamic=False`): a loop
+Triton kernels plus a cuBLAS call per position, still launched one by one. On CUDA the Domino chain is
+replayed from a CUDA graph by default instead (`method.cuda_graph`, decoding/engine/cuda_graph.py); the two are
+not combined. Shapes are static (`dynamic=False`): a loop
 sees one block size and one candidate-pool width per run, so it compiles once per branch it takes (T = 0 and
 T > 0), the first time it runs; inductor's on-disk cache makes later processes faster. The compiled
 function computes what the eager one computes, up to float rounding of fused operations (tested).

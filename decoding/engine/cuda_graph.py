@@ -13,7 +13,9 @@ by identity because the graph reads their memory in place: a method passes its h
 every round, never fresh views of them.
 
 `GraphReplayer` keeps a method's graphs by name. It captures a graph on first use and again only when a call
-does not fit. Where a capture fails, it writes one warning line and runs every later call eagerly.
+does not fit; a name captured RECAPTURE_WARNING times gets one warning line (a capture every round would be a
+bug: each costs a sync). Where a capture fails, it writes one warning line naming the operation that broke
+it, and runs every later call eagerly.
 
 A CUDA graph runs only on a GPU. With `emulate=True`, a graph is "replayed" on any device by running `fn`
 eagerly on the static copies and copying its results into the static outputs. That is the same buffer
@@ -31,6 +33,9 @@ import torch
 log = logging.getLogger(__name__)
 
 
+RECAPTURE_WARNING = 4  # captures of one name after which a line says so (a capture per round would be a bug)
+
+
 class GraphCaptureError(RuntimeError):
     """torch.cuda.graph could not capture the function (an op that syncs or is not capturable)."""
 
@@ -43,19 +48,8 @@ class StaticGraph:
             self.out = _clone(fn(**self.inputs, **self.constants))
             return
         device = next(a for a in self.inputs.values() if a is not None).device
-        try:
-            with torch.cuda.device(device):  # the tensors' GPU, not the current one (cuda:N, a device_map)
-                stream = torch.cuda.Stream()
-                stream.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(stream):  # warm-up outside the graph: lazy library handles, workspaces
-                    fn(**self.inputs, **self.constants)
-                torch.cuda.current_stream().wait_stream(stream)
-                self.graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(self.graph):
-                    self.out = fn(**self.inputs, **self.constants)
-        except RuntimeError as error:
-            raise GraphCaptureError(str(error).strip().splitlines()[0] if str(error).strip() else
-                                    type(error).__name__) from error
+        with torch.cuda.device(device):  # the tensors' GPU, not the current one (cuda:N, a device_map)
+            self.graph, self.out = _capture(fn, {**self.inputs, **self.constants})
         self.device = device
 
     def fits(self, inputs: dict, constants: dict) -> bool:
@@ -82,6 +76,37 @@ class StaticGraph:
         return self.out
 
 
+def _capture(fn: Callable, arguments: dict):
+    """(graph, outputs) of fn(**arguments) captured on a side stream of the current device. By hand, not with
+    `torch.cuda.graph`: that context ends the capture before it restores the stream, so a function that fails
+    mid-capture would leave the process on the capture stream; here the stream context is the outer one and
+    the capture is always ended. Also, `torch.cuda.graph` captures on one stream made on whichever GPU was
+    current at the first capture, where this uses a stream of the tensors' own GPU."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    try:
+        with torch.cuda.stream(stream):
+            fn(**arguments)  # warm-up outside the graph: lazy library handles, workspaces
+            stream.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            graph.capture_begin()
+            try:
+                out = fn(**arguments)
+            finally:
+                graph.capture_end()
+    except RuntimeError as error:
+        torch.cuda.synchronize()
+        cause = error.__context__ if error.__context__ is not None else error  # the op that broke the capture
+        raise GraphCaptureError(_first_line(cause)) from error
+    torch.cuda.current_stream().wait_stream(stream)
+    return graph, out
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0]}" if text else type(error).__name__
+
+
 class GraphReplayer:
     """A method's captured graphs, by name (one per step function and branch it takes, e.g. the Domino chain at
     T = 0 and at T > 0). `enabled` False: every call runs `fn` eagerly. `what` names the option that turns it
@@ -90,12 +115,8 @@ class GraphReplayer:
     def __init__(self, enabled: bool, what: str, emulate: bool = False):
         self.enabled, self.what, self.emulate = enabled, what, emulate
         self.graphs: dict[str, StaticGraph] = {}
-        self.captures = 0  # graphs captured so far (a graph captured again on every round would be a bug)
-
-    @property
-    def overwrites(self) -> bool:
-        """Whether a call's outputs are buffers the next call overwrites."""
-        return self.enabled
+        self.captures = 0  # graphs captured so far
+        self._captures_of: dict[str, int] = {}  # per name: a name captured again and again is a bug worth a line
 
     def __call__(self, name: str, fn: Callable, inputs: dict, constants: dict):
         if not self.enabled:
@@ -111,7 +132,16 @@ class GraphReplayer:
                 self.graphs.clear()
                 return fn(**inputs, **constants)
             self.captures += 1
+            self._captures_of[name] = self._captures_of.get(name, 0) + 1
+            if self._captures_of[name] == RECAPTURE_WARNING:
+                log.warning("%s: CUDA graph captured %d times: its inputs' shapes or its weights change between "
+                            "calls, so every capture costs a sync and buys nothing", name, RECAPTURE_WARNING)
         return graph(inputs)
+
+
+def graphs_for(device: torch.device, enabled: bool, what: str) -> GraphReplayer:
+    """A method's replayer: graphs where `enabled` and `device` is a GPU, else every call eager."""
+    return GraphReplayer(enabled and torch.device(device).type == "cuda", what)
 
 
 def _same_constant(a, b) -> bool:

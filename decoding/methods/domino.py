@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from decoding.engine.compiled import maybe_compiled
+from decoding.engine import cuda_graph
 from decoding.engine.cuda_graph import GraphReplayer
 from decoding.methods.block_draft import BlockDraftMethod
 from decoding.engine.loop import DecodeState, Proposal
@@ -52,8 +53,8 @@ class Domino(BlockDraftMethod):
 
     def setup(self, target) -> None:
         super().setup(target)
-        on_cuda = self.head.w2.device.type == "cuda"
-        self.graphs = GraphReplayer(self.config.cuda_graph and on_cuda and not self.config.compile, "method.cuda_graph")
+        self.graphs = cuda_graph.graphs_for(self.head.w2.device, self.config.cuda_graph and not self.config.compile,
+                                            "method.cuda_graph")
         self.chain = graphed_chain(self.graphs) if self.graphs.enabled else \
             maybe_compiled(chain_picks, self.config.compile, "method.compile")
 
@@ -79,12 +80,11 @@ def corrected_chain(head, embed, z, base, root: int, prefix: int, pool, temperat
     """The chain of the module docstring, on the device: the K drafted tokens [K] (argmax, or drawn at
     `temperature` > 0) and, at T > 0, the distributions they were drawn from [K, V] (zero outside the
     pool at corrected positions), else None. Per round: z's W1 part for every position, the pool's base
-    logits and W2 rows, and the round's Gumbel noise (scaled by T: argmax(logits + T g) is a draw from
+    logits, and the round's Gumbel noise (scaled by T: argmax(logits + T g) is a draw from
     softmax(logits / T)); the uncorrected prefix in one pick; the corrected positions by `chain`
-    (chain_picks, or its compiled form); the distributions in one softmax after it."""
+    (chain_picks, its compiled form or its CUDA-graph replay); the distributions in one softmax after it."""
     table = head.input_table(embed)  # [V, 3G]: a GRU step's input is a row of it
     base_pool = base if pool is None else base.index_select(1, pool)  # [K, C]
-    w2 = head.w2 if pool is None else F.embedding(pool, head.w2)  # [C, E]: rows gathered, cheaper than w2[pool]
     z_proj = z[prefix:].float() @ head.w_z.t()  # [K - prefix, E]
     prefix_rows = base[:prefix]
     noise = None
@@ -95,7 +95,7 @@ def corrected_chain(head, embed, z, base, root: int, prefix: int, pool, temperat
     if len(base) == prefix:
         tokens, corrected = first[1:], base_pool[:0]
     else:
-        picks, corrected = (chain or chain_picks)(table, head.w_next_t, w2, z_proj, base_pool[prefix:], noise,
+        picks, corrected = (chain or chain_picks)(table, head.w_next_t, head.w2, z_proj, base_pool[prefix:], noise,
                                                   first, pool)
         tokens = torch.cat([first[1:], picks])
     if temperature <= 0:
@@ -107,11 +107,12 @@ def corrected_chain(head, embed, z, base, root: int, prefix: int, pool, temperat
 
 
 def chain_picks(table, w_next_t, w2, z_proj, base_rows, noise, first, pool):
-    """The corrected positions, one after another: the GRU reads `first` (root and uncorrected prefix),
-    then per position one addmv for the corrected logits, one add of its noise (T > 0) and one argmax,
-    one embedding-table row and one GRU step with one matmul (`gru_step`). Returns the picked token ids
-    [n] and the corrected logits [n, C]. A pure tensor function of its inputs, so `decoding.engine.compiled`
-    can compile it whole."""
+    """The corrected positions, one after another: the pool's rows of W2 [V, E] (`w2`: the head's), then the
+    GRU reads `first` (root and uncorrected prefix), then per position one addmv for the corrected logits,
+    one add of its noise (T > 0) and one argmax, one embedding-table row and one GRU step with one matmul
+    (`gru_step`). Returns the picked token ids [n] and the corrected logits [n, C]. A pure tensor function of
+    its inputs, so `decoding.engine.compiled` can compile it whole and a CUDA graph can capture it."""
+    w2 = w2 if pool is None else F.embedding(pool, w2)  # [C, E]: rows gathered, cheaper than w2[pool]
     g, n = w_next_t.shape[0], base_rows.shape[0]
     h = z_proj.new_zeros(g)
     gh_ru, gh_n = z_proj.new_zeros(3 * g).split((2 * g, g))  # W_hh h of the zero state
@@ -133,19 +134,17 @@ def chain_picks(table, w_next_t, w2, z_proj, base_rows, noise, first, pool):
 
 
 def graphed_chain(graphs: GraphReplayer):
-    """`chain_picks` replayed from a graph of `graphs`: one per branch (T = 0 without noise, T > 0 with it; with
-    and without a candidate pool), captured in the first round that takes it. The round's inputs are copied
-    into the graph's buffers; the head's weights (`table`, `w_next_t`, and W2 when there is no pool) are read
-    in place. The outputs are the
-    graph's buffers, which `corrected_chain` reads before the next round overwrites them."""
+    """`chain_picks` replayed from a graph of `graphs`: one per branch (T = 0 without noise, T > 0 with it;
+    with and without a candidate pool), captured in the first round that takes it. The round's inputs (pool,
+    base logits, z-part of W1, noise, root and prefix) are copied into the graph's buffers; the head's weights
+    are read in place. The outputs are the graph's buffers, which `corrected_chain` reads before the next
+    round overwrites them."""
 
     def chain(table, w_next_t, w2, z_proj, base_rows, noise, first, pool):
         name = f"chain:{'greedy' if noise is None else 'sampled'}:{'vocab' if pool is None else 'pool'}"
-        inputs = {"z_proj": z_proj, "base_rows": base_rows, "noise": noise, "first": first, "pool": pool}
-        constants = {"table": table, "w_next_t": w_next_t}
-        # the pool's W2 rows are gathered per round (an input); without a pool W2 is the head's own weight
-        (inputs if pool is not None else constants)["w2"] = w2
-        return graphs(name, chain_picks, inputs, constants)
+        return graphs(name, chain_picks,
+                      {"z_proj": z_proj, "base_rows": base_rows, "noise": noise, "first": first, "pool": pool},
+                      {"table": table, "w_next_t": w_next_t, "w2": w2})
 
     return chain
 

@@ -26,7 +26,7 @@ from decoding.methods.caddtree import check_profile_grid, machine_cost_model
 from decoding.drafting.domino_scorer import LevelBuilder, ReferenceScorer
 from decoding.drafting.draft_tree import build_best_first
 from decoding.drafting.marginal_tree import MarginalTrees
-from decoding.engine.cuda_graph import GraphReplayer
+from decoding.engine import cuda_graph
 from decoding.engine.loop import DecodeState, Proposal
 from decoding.engine.target import TargetModel
 from decoding.drafting.verify_cost import CostAwareStop
@@ -45,7 +45,7 @@ class DominoTreeConfig:
     node_topk: int = 8  # children per node (paper `--node-topk 8`)
     corr_topm: int = 64  # correction restricted to the top-M marginal candidates per depth (`--corr-topm 64`)
     builder: str = "fast"  # fast (depth by depth, batched; CUDA graph on GPU) | reference (node by node, heap)
-    cuda_graph: bool = True  # on CUDA, the fast builder replays each depth from one CUDA graph (false: eager)
+    cuda_graph: bool = True  # on CUDA, the fast builder replays the whole tree from one CUDA graph (false: eager)
     # cost-model profiling grid for cond_adaptive (see method=caddtree; null node counts = 0, 1, 2, 4, ...
     # up to max_budget)
     profile_node_counts: Optional[list[int]] = None
@@ -71,8 +71,8 @@ class DominoTree(BlockDraftMethod):
     def setup(self, target: TargetModel) -> None:
         super().setup(target)
         self.cost = machine_cost_model(self, target, self.config) if self.config.budget == "cond_adaptive" else None
-        # the fast builder's CUDA graph, captured once and replayed at every depth
-        self.graphs = GraphReplayer(self.config.cuda_graph and self.head.w2.device.type == "cuda", "method.cuda_graph")
+        # the fast builder's CUDA graph (CUDA only), captured once and replayed for every tree
+        self.graphs = cuda_graph.graphs_for(self.head.w2.device, self.config.cuda_graph, "method.cuda_graph")
         self.cap = self.config.num_nodes if self.cost is None else self.config.max_budget  # nodes per tree, at most
         self.marginal_trees = MarginalTrees(self.config.node_topk, self.cap)  # scoring=marginal
 

@@ -45,7 +45,7 @@ def test_gpu_smoke_runs_every_method_on_the_cpu_tiny_shape_with_only_the_gpu_ima
     assert len(lossless_t0) == len([m for m in LOSSLESS if m != "ar"])
     assert all(r["diverged"] == 0 for r in lossless_t0)
     assert report["builders"]["equal_trees"] and report["builders"]["rounds"] > 0
-    assert report["builders"]["cuda_graph"] == "emulated"  # the graph path's bookkeeping, without a GPU
+    assert report["builders"]["cuda_graph"] == "none"  # a CPU builds depth by depth, eagerly, as DominoTree does there
     chains = report["chains"]  # the Domino chain from its (emulated) graphs: both branches, the eager picks
     assert chains["rounds"] > 0 and chains["differing_rounds"] == 0
     assert chains["cuda_graph"] == "emulated" and chains["captures"] == 2
@@ -157,7 +157,11 @@ def test_builders_that_differ_only_by_near_ties_pass_and_otherwise_fail(near_tie
     ({"differing_rounds": 2, "near_tie_rounds": 1, "cuda_graph": "captured"},
      "gpu smoke: FAILED: the Domino chain drafted differently from its CUDA graph in 1 round(s)"),
     ({"differing_rounds": 0, "near_tie_rounds": 0, "cuda_graph": "capture failed"},
-     "gpu smoke: FAILED: the Domino chain's CUDA graph could not be captured")])
+     "gpu smoke: FAILED: the Domino chain's CUDA graph could not be captured"),
+    ({"differing_rounds": 0, "near_tie_rounds": 0, "cuda_graph": "captured", "captures": 9},
+     "gpu smoke: FAILED: the Domino chain's CUDA graph was captured 9 times, not 2"),
+    ({"differing_rounds": 0, "near_tie_rounds": 0, "cuda_graph": "not used", "captures": 0},
+     "gpu smoke: FAILED: the Domino chain's CUDA graph was never used")])
 def test_a_domino_chain_graph_that_drafts_differently_or_fails_to_capture_is_a_problem(chains, verdict, tmp_path,
                                                                                        monkeypatch, capsys):
     report = {"rounds": 9, "captures": 2, "eager_ms_per_chain": 1.0, "graph_ms_per_chain": 0.5, **chains}

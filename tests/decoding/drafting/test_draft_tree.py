@@ -169,13 +169,14 @@ def test_fast_builder_builds_exactly_the_reference_trees(seed, dtype, whole, tin
 
 
 @pytest.mark.parametrize("whole", [False, True], ids=["by_depth", "whole_tree"])
-@pytest.mark.parametrize("prefix", [0, 1, 2])
+@pytest.mark.parametrize("prefix", [0, 1, 2, 7, 9])  # 7, 9: every depth of the block uncorrected
 @pytest.mark.parametrize("peak", [1.0, 6.0])  # 6: peaked marginals, deep narrow trees (early stop is rare)
 @pytest.mark.parametrize("seed", range(3))
 def test_level_builder_equals_the_heap_with_any_prefix_budget_and_stop_rule(seed, peak, prefix, whole, tiny_drafter):
     """The depth-by-depth builder pops what the node-by-node heap pops: every uncorrected-prefix
-    length, shallow and deep trees, and a cost-aware stop that ends the tree before the budget. `whole_tree`:
-    the build CUDA replays as one graph (every depth, no early stop), its replay emulated on the CPU."""
+    length, shallow and deep trees, trees cut at a depth below the block's, and a cost-aware stop that ends the
+    tree before the budget. `whole_tree`: the build CUDA replays as one graph (every depth, no early stop), its
+    replay emulated on the CPU; its depths past the last one reached hold only dead lanes."""
     from decoding.engine.cuda_graph import GraphReplayer
 
     drafter, embed, z, base = domino_case(tiny_drafter, seed, vocab=40, depth=7)
@@ -183,12 +184,13 @@ def test_level_builder_equals_the_heap_with_any_prefix_budget_and_stop_rule(seed
     base = base * peak
     head = Float32Head(drafter)
     cost = VerifyCostModel([0, 8, 64], [0, 1000], [[1.0, 1.05, 3.0], [1.0, 1.05, 3.0]], draft_s=0.2)
-    for budget, admit in ((16, None), (40, None), (40, "cost")):
+    shallow = 0  # trees whose deepest node is above the last depth allowed: the build stopped early there
+    for budget, admit, max_depth in ((16, None, 7), (40, None, 7), (40, "cost", 7), (16, None, 3), (40, None, 12)):
         stop = (lambda: None) if admit is None else (lambda: CostAwareStop(cost, 100))  # the rule keeps state
-        ref = build_best_first(5, ReferenceScorer(drafter, head, embed, z, base, 4, 12), budget, max_depth=7,
-                               admit=stop())
+        ref = build_best_first(5, ReferenceScorer(drafter, head, embed, z, base, 4, 12), budget,
+                               max_depth=min(max_depth, 7), admit=stop())
         graphs = GraphReplayer(True, "method.cuda_graph", emulate=True) if whole else None
-        fast = LevelBuilder(drafter, head, embed, z, base, 4, 12, graphs=graphs).build(5, budget, max_depth=7,
+        fast = LevelBuilder(drafter, head, embed, z, base, 4, 12, graphs=graphs).build(5, budget, max_depth=max_depth,
                                                                                       admit=stop())
         assert graphs is None or graphs.captures == 1
         assert fast.tree.tokens == ref.tree.tokens and fast.tree.parents == ref.tree.parents
@@ -196,10 +198,14 @@ def test_level_builder_equals_the_heap_with_any_prefix_budget_and_stop_rule(seed
         np.testing.assert_allclose(fast.scores, ref.scores, atol=1e-5)
         if admit:
             assert ref.stopped_early and ref.tree.num_draft_nodes() < budget  # the rule really cut the tree
+        assert max(fast.tree.depths) <= min(max_depth, 7)
+        shallow += max(fast.tree.depths) < min(max_depth, 7)
+    if peak == 1.0 and prefix < 7:
+        assert shallow > 0  # the dead-lane depths of the whole tree were really exercised
 
 
-def test_the_level_graph_captured_in_one_round_fits_the_next_rounds(tiny_drafter):
-    """The depth step's CUDA graph (captured on a GPU only; emulated here, decoding/engine/cuda_graph.py) is
+def test_the_tree_graph_captured_in_one_round_fits_the_next_rounds(tiny_drafter):
+    """The whole tree's CUDA graph (captured on a GPU only; emulated here, decoding/engine/cuda_graph.py) is
     reused while it fits: it checks the weights by identity, so every round's builder must hand it the head's
     own tensors, not fresh views (a fresh `w_s.t()` per round re-captured the graph every round). Three rounds,
     one capture, and each round's tree equal to the eager builder's."""
@@ -344,3 +350,29 @@ def test_sampled_domino_chain_draws_each_position_from_the_distribution_it_retur
         assert counts[prefix:, outside].sum() == 0 and expected[prefix:, outside].sum() == 0
     z_scores = (counts - expected) / expected.clamp(min=1.0).sqrt()
     assert z_scores.abs().max() < 4.5
+
+
+@pytest.mark.parametrize("pool_size", [0, 12])
+def test_the_captured_functions_never_read_a_tensor_on_the_host(pool_size, tiny_drafter):
+    """A CUDA graph cannot hold a host read (.item(), int(t), nonzero, a data-dependent shape) nor a tensor made
+    on the CPU mid-capture. On the meta device every such read fails, so `whole_tree` (DominoTree's graph) and
+    `chain_picks` (Domino's) running there end to end, greedy and sampled, show they have none."""
+    from decoding.drafting.domino_scorer import whole_tree
+    from decoding.methods.domino import chain_picks
+
+    drafter, embed, z, base = domino_case(tiny_drafter, 0, vocab=40, depth=6)
+    head = Float32Head(drafter)
+    meta = {name: t.to("meta") for name, t in {"w_z": head.w_z, "w2": head.w2, "table": head.input_table(embed),
+                                               "w_s_t": head.w_s_t, "w_hh_t": head.w_hh_t,
+                                               "w_next_t": head.w_next_t}.items()}
+    for prefix in (0, 1, 6):
+        found = whole_tree(torch.tensor([5], device="meta"), z.to("meta"), base.to("meta"), meta["w_z"], meta["w2"],
+                           meta["table"], meta["w_s_t"], meta["w_hh_t"], m=12, k=4, k_prefix=4, prefix=prefix, lanes=16)
+        assert [t.shape for t in found] == [(32,), (32,), (32,), (16 * 6,)] and found[0].is_meta
+    pool = torch.arange(pool_size, device="meta") if pool_size else None
+    width = pool_size or 40
+    for noise in (None, torch.zeros(5, width, dtype=torch.float64, device="meta")):
+        picks, rows = chain_picks(meta["table"], meta["w_next_t"], meta["w2"], torch.zeros(5, head.w2.shape[1],
+                                  device="meta"), torch.zeros(5, width, device="meta"), noise,
+                                  torch.zeros(2, dtype=torch.long, device="meta"), pool)
+        assert picks.shape == (5,) and rows.shape == (5, width) and picks.is_meta

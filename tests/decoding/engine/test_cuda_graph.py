@@ -49,7 +49,17 @@ def test_the_replayer_captures_once_per_name_and_shape_and_again_when_a_call_doe
         x = torch.randn(rows, 3)
         out, _ = replayer("step", scaled_sum, {"x": x, "bias": None}, {"weight": weight, "times": 1})
         torch.testing.assert_close(out, x @ weight)
-    assert replayer.captures == 3 and replayer.overwrites
+    assert replayer.captures == 3
+
+
+def test_a_name_captured_again_and_again_gets_one_warning(caplog):
+    replayer = GraphReplayer(True, "method.cuda_graph", emulate=True)
+    weight = torch.randn(3, 2)
+    with caplog.at_level(logging.WARNING):
+        for rows in range(1, 2 * cuda_graph.RECAPTURE_WARNING):  # a new shape every call: a capture every call
+            replayer("tree", scaled_sum, {"x": torch.randn(rows, 3), "bias": None}, {"weight": weight, "times": 1})
+    lines = [r.getMessage() for r in caplog.records if r.name == cuda_graph.__name__]
+    assert len(lines) == 1 and lines[0].startswith(f"tree: CUDA graph captured {cuda_graph.RECAPTURE_WARNING} times")
 
 
 def test_a_disabled_replayer_runs_eagerly_and_returns_fresh_tensors():
@@ -57,7 +67,7 @@ def test_a_disabled_replayer_runs_eagerly_and_returns_fresh_tensors():
     weight = torch.randn(3, 2)
     a = replayer("step", scaled_sum, {"x": torch.randn(4, 3), "bias": None}, {"weight": weight, "times": 1})
     b = replayer("step", scaled_sum, {"x": torch.randn(4, 3), "bias": None}, {"weight": weight, "times": 1})
-    assert a[0] is not b[0] and not replayer.overwrites and replayer.captures == 0
+    assert a[0] is not b[0] and replayer.captures == 0
 
 
 def test_a_failed_capture_is_one_warning_then_every_call_runs_eagerly(monkeypatch, caplog):
@@ -73,7 +83,13 @@ def test_a_failed_capture_is_one_warning_then_every_call_runs_eagerly(monkeypatc
             torch.testing.assert_close(out, x @ weight)
     lines = [r.getMessage() for r in caplog.records if r.name == cuda_graph.__name__]
     assert len(lines) == 1 and "chain:greedy" in lines[0] and "method.cuda_graph=false" in lines[0]
-    assert not replayer.enabled and not replayer.overwrites
+    assert not replayer.enabled and replayer.graphs == {}
+
+
+def test_graphs_are_used_on_a_gpu_only_and_where_enabled():
+    assert not cuda_graph.graphs_for(torch.device("cpu"), True, "method.cuda_graph").enabled
+    assert not cuda_graph.graphs_for(torch.device("cuda"), False, "method.cuda_graph").enabled
+    assert cuda_graph.graphs_for(torch.device("cuda"), True, "method.cuda_graph").enabled  # no GPU needed to ask
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="a CUDA graph needs a GPU")

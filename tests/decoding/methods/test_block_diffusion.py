@@ -190,18 +190,20 @@ def test_sampled_domino_drafts_carry_their_pool_distribution_over_the_whole_voca
 @pytest.mark.parametrize("name", ["domino", "domino_pool", "dominotree"])
 def test_graph_replayed_drafting_decodes_as_eager_with_one_capture_per_branch(name, tiny_llama, drafter_dirs,
                                                                               monkeypatch, tmp_path):
-    """On CUDA, Domino's corrected chain and DominoTree's depth step replay from CUDA graphs (method.cuda_graph).
+    """On CUDA, Domino's corrected chain and DominoTree's whole tree replay from CUDA graphs (method.cuda_graph).
     The replay is emulated here (decoding/engine/cuda_graph.py): the round's inputs copied into static buffers,
-    the outputs written into buffers the next round overwrites. The same tokens as eager decoding at T = 0 and
-    T = 1 (same seeds), and one capture per branch (T = 0, T > 0), not one per round."""
-    from decoding.engine.cuda_graph import GraphReplayer
+    the outputs written into buffers the next round overwrites; the methods' setup is made to ask for graphs
+    as it does on a GPU. The same drafts and tokens as eager decoding at T = 0 and T = 1 (same seeds), and
+    one capture per branch (T = 0, T > 0), not one per round."""
+    from decoding.engine import cuda_graph
 
     eager = build(name, drafter_dirs, tiny_llama, monkeypatch, tmp_path)
+    assert not eager.graphs.enabled  # a CPU model: no graphs
+    asked = []
+    monkeypatch.setattr(cuda_graph, "graphs_for", lambda device, enabled, what: asked.append(enabled) or
+                        cuda_graph.GraphReplayer(enabled, what, emulate=True))
     graphed = build(name, drafter_dirs, tiny_llama, monkeypatch, tmp_path)
-    assert not eager.graphs.enabled  # a CPU model: no graphs unless emulated
-    graphed.graphs = GraphReplayer(True, "method.cuda_graph", emulate=True)
-    if name.startswith("domino_") or name == "domino":
-        graphed.chain = domino.graphed_chain(graphed.graphs)
+    assert asked == [True] and graphed.graphs.enabled
     drafts = {eager: [], graphed: []}  # every proposal's tree: a lossless run's tokens cannot show a wrong draft
     for method in drafts:
         propose = method.propose
@@ -215,6 +217,20 @@ def test_graph_replayed_drafting_decodes_as_eager_with_one_capture_per_branch(na
     assert trees[graphed] == trees[eager] and len(trees[eager]) > 6
     assert max(len(tokens) for tokens, _ in trees[eager]) > 3  # drafts deeper than the uncorrected prefix
     assert graphed.graphs.captures == (1 if name == "dominotree" else 2)
+
+
+def test_domino_asks_for_no_cuda_graph_when_compiled_or_switched_off(tiny_llama, drafter_dirs, monkeypatch):
+    """torch.compile makes its own program of the chain (method.compile), so the chain is not also captured."""
+    from decoding.engine import cuda_graph
+
+    asked = []
+    monkeypatch.setattr(cuda_graph, "graphs_for", lambda device, enabled, what: asked.append(enabled) or
+                        cuda_graph.GraphReplayer(False, what))
+    for overrides in ({"compile": True}, {"cuda_graph": False}):
+        domino.Domino(domino.DominoConfig(drafter=drafter_dirs["llama"]["domino"], **overrides)).setup(tiny_llama)
+    dominotree.DominoTree(dominotree.DominoTreeConfig(drafter=drafter_dirs["llama"]["domino"], cuda_graph=False)) \
+        .setup(tiny_llama)
+    assert asked == [False, False, False]
 
 
 @pytest.mark.slow
@@ -236,7 +252,7 @@ def test_compiled_domino_chain_drafts_as_the_eager_one_and_decodes_as_ar(tiny_ll
     base_rows = torch.randn(5, 20, generator=gen)
     first = torch.tensor([7, 30])
     for noise in (None, Sampler(3).gumbel((5, 20))):
-        args = (table, head.w_next_t, head.w2[pool], z_proj, base_rows, noise, first, pool)
+        args = (table, head.w_next_t, head.w2, z_proj, base_rows, noise, first, pool)
         (want, want_rows), (got, got_rows) = chain_picks(*args), compiled(*args)
         assert torch.equal(got, want)
         torch.testing.assert_close(got_rows, want_rows, rtol=1e-5, atol=1e-5)
