@@ -1,7 +1,7 @@
-"""The Domino correction chain alone, eager against `method.compile=true` (torch.compile), on the
-host-overhead benchmark's tiny random model (pipeline/zoo.py) or the Qwen3-1.7B shape: ms per chain
-(`decoding.methods.domino.chain_picks` over one round's corrected positions), best of `--repeats`
-batches, at T = 0 and T = 1, and whether the compiled chain picks the eager one's tokens.
+"""The Domino correction chain alone, eager against `method.compile=true` (torch.compile) and, on CUDA, against
+its CUDA-graph replay (`method.cuda_graph`), on the host-overhead benchmark's tiny random model (pipeline/zoo.py)
+or the Qwen3-1.7B shape: ms per chain (`decoding.methods.domino.chain_picks` over one round's corrected
+positions), best of `--repeats` batches, at T = 0 and T = 1, and whether each picks the eager chain's tokens.
 
     python benchmarks/bench_domino_chain.py [--shape tiny] [--device cpu] [--calls 300] [--repeats 5]
 
@@ -46,7 +46,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     from decoding.engine.compiled import maybe_compiled
     from decoding.engine.sampling import Sampler
-    from decoding.methods.domino import chain_picks
+    from decoding.engine.cuda_graph import GraphReplayer
+    from decoding.methods.domino import chain_picks, graphed_chain
     from pipeline.zoo import build_method, random_target
 
     folder = tempfile.mkdtemp(prefix="domino_chain_")
@@ -76,8 +77,13 @@ def main() -> None:
         compile_s = time.perf_counter() - t0
         eager = best_ms(chain_picks, inputs, args.calls, args.repeats, device)
         fast = best_ms(compiled, inputs, args.calls, args.repeats, device)
+        graph = ""
+        if device.type == "cuda":  # the replay includes copying the round's inputs into the graph's buffers
+            graphed = graphed_chain(GraphReplayer(True, "method.cuda_graph"))
+            graph_same = torch.equal(graphed(*inputs)[0], chain_picks(*inputs)[0])
+            graph = f", graph {best_ms(graphed, inputs, args.calls, args.repeats, device):.3f} ms (same tokens: {graph_same})"
         print(f"T={temperature:g}: eager {eager:.3f} ms, compiled {fast:.3f} ms ({eager / fast:.1f}x), "
-              f"same tokens: {same}, first call with compilation {compile_s:.1f} s")
+              f"same tokens: {same}, first call with compilation {compile_s:.1f} s{graph}")
     print(f"domino chain: eager {eager:.3f} ms, compiled {fast:.3f} ms (T=1)")
 
 
