@@ -190,21 +190,18 @@ def device_graphs(device) -> GraphReplayer:
 
 
 def graph_state(graphs: GraphReplayer | None) -> str:
-    """"captured" (a CUDA graph replayed), "emulated" (no GPU), "capture failed" (ran eagerly), "not used", or
-    "none" (a CPU's eager build)."""
+    """"captured" (a CUDA graph replayed), "emulated" (no GPU), "not used", or "none" (a CPU's eager build). A
+    failed capture raises: the section's error."""
     if graphs is None:
         return "none"
-    if not graphs.enabled:
-        return "capture failed"
     return ("emulated" if graphs.emulate else "captured") if graphs.captures else "not used"
 
 
 def graph_problems(what: str, section: dict, expected_captures: int) -> list[str]:
-    """A graph that could not be captured, was never used, or was captured again and again (its inputs' shapes or
-    its weights change between rounds: every capture is a sync) is a problem: it ran, but not as designed."""
+    """A graph that was never used, or was captured again and again (its inputs' shapes or its weights change
+    between rounds: every capture is a sync) is a problem: it ran, but not as designed. (A failed capture raises:
+    the section's error.)"""
     state = section.get("cuda_graph")
-    if state == "capture failed":
-        return [f"{what}'s CUDA graph could not be captured (ran eagerly)"]
     if state == "not used":
         return [f"{what}'s CUDA graph was never used"]
     if state in ("captured", "emulated") and section.get("captures") != expected_captures:

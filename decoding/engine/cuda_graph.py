@@ -14,8 +14,9 @@ every round, never fresh views of them.
 
 `GraphReplayer` keeps a method's graphs by name. It captures a graph on first use and again only when a call
 does not fit; a name captured RECAPTURE_WARNING times gets one warning line (a capture every round would be a
-bug: each costs a sync). Where a capture fails, it writes one warning line naming the operation that broke
-it, and runs every later call eagerly.
+bug: each costs a sync). A failed capture is one error line (`ConfigError`) naming the operation that broke it
+and the option that turns graphs off. It does not fall back to eager: after a broken capture PyTorch's caching
+allocator still counts a capture under way, so the process is not clean.
 
 A CUDA graph runs only on a GPU. With `emulate=True`, a graph is "replayed" on any device by running `fn`
 eagerly on the static copies and copying its results into the static outputs. That is the same buffer
@@ -30,6 +31,8 @@ from typing import Callable
 
 import torch
 
+from pipeline.errors import ConfigError
+
 log = logging.getLogger(__name__)
 
 
@@ -37,7 +40,7 @@ RECAPTURE_WARNING = 4  # captures of one name after which a line says so (a capt
 
 
 class GraphCaptureError(RuntimeError):
-    """torch.cuda.graph could not capture the function (an op that syncs or is not capturable)."""
+    """A CUDA graph could not capture the function (an op that syncs or is not capturable)."""
 
 
 class StaticGraph:
@@ -47,6 +50,7 @@ class StaticGraph:
         if emulate:
             self.out = _clone(fn(**self.inputs, **self.constants))
             return
+        # on CUDA `out` is the graph's memory, unwritten until the first replay (GraphReplayer replays at once)
         device = next(a for a in self.inputs.values() if a is not None).device
         with torch.cuda.device(device):  # the tensors' GPU, not the current one (cuda:N, a device_map)
             self.graph, self.out = _capture(fn, {**self.inputs, **self.constants})
@@ -84,20 +88,23 @@ def _capture(fn: Callable, arguments: dict):
     current at the first capture, where this uses a stream of the tensors' own GPU."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
-    try:
-        with torch.cuda.stream(stream):
-            fn(**arguments)  # warm-up outside the graph: lazy library handles, workspaces
-            stream.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            graph.capture_begin()
+    with torch.cuda.stream(stream):
+        fn(**arguments)  # warm-up outside the graph (lazy library handles, workspaces); its errors are fn's own
+        stream.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        graph.capture_begin()
+        try:
+            out = fn(**arguments)
+        except RuntimeError as error:  # an operation a graph cannot hold (a host read, a sync)
             try:
-                out = fn(**arguments)
-            finally:
                 graph.capture_end()
-    except RuntimeError as error:
-        torch.cuda.synchronize()
-        cause = error.__context__ if error.__context__ is not None else error  # the op that broke the capture
-        raise GraphCaptureError(_first_line(cause)) from error
+            except RuntimeError:
+                pass  # the capture was already broken by `error`, which names the operation
+            raise GraphCaptureError(_first_line(error)) from error
+        try:
+            graph.capture_end()
+        except RuntimeError as error:  # invalidated from outside the function (e.g. work on another stream)
+            raise GraphCaptureError(_first_line(error)) from error
     torch.cuda.current_stream().wait_stream(stream)
     return graph, out
 
@@ -110,7 +117,7 @@ def _first_line(error: BaseException) -> str:
 class GraphReplayer:
     """A method's captured graphs, by name (one per step function and branch it takes, e.g. the Domino chain at
     T = 0 and at T > 0). `enabled` False: every call runs `fn` eagerly. `what` names the option that turns it
-    off in the warning written when a capture fails."""
+    off, in the error line of a failed capture."""
 
     def __init__(self, enabled: bool, what: str, emulate: bool = False):
         self.enabled, self.what, self.emulate = enabled, what, emulate
@@ -126,11 +133,10 @@ class GraphReplayer:
             try:
                 graph = self.graphs[name] = StaticGraph(fn, inputs, constants, self.emulate)
             except GraphCaptureError as error:
-                log.warning("%s: CUDA graph capture failed (%s); running eagerly from now on (set %s=false to "
-                            "skip the attempt)", name, error, self.what)
-                self.enabled = False
-                self.graphs.clear()
-                return fn(**inputs, **constants)
+                # not a fallback to eager: after a broken capture PyTorch's allocator still counts a capture
+                # under way (its pool is never released, empty_cache fails), so the process is not clean
+                raise ConfigError(f"{self.what}=true: the CUDA graph of {name} could not be captured ({error}); "
+                                  f"set {self.what}=false") from error
             self.captures += 1
             self._captures_of[name] = self._captures_of.get(name, 0) + 1
             if self._captures_of[name] == RECAPTURE_WARNING:

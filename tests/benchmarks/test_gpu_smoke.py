@@ -156,14 +156,12 @@ def test_builders_that_differ_only_by_near_ties_pass_and_otherwise_fail(near_tie
     ({"differing_rounds": 2, "near_tie_rounds": 2, "cuda_graph": "captured"}, "gpu smoke: incomplete"),  # no curve
     ({"differing_rounds": 2, "near_tie_rounds": 1, "cuda_graph": "captured"},
      "gpu smoke: FAILED: the Domino chain drafted differently from its CUDA graph in 1 round(s)"),
-    ({"differing_rounds": 0, "near_tie_rounds": 0, "cuda_graph": "capture failed"},
-     "gpu smoke: FAILED: the Domino chain's CUDA graph could not be captured"),
     ({"differing_rounds": 0, "near_tie_rounds": 0, "cuda_graph": "captured", "captures": 9},
      "gpu smoke: FAILED: the Domino chain's CUDA graph was captured 9 times, not 2"),
     ({"differing_rounds": 0, "near_tie_rounds": 0, "cuda_graph": "not used", "captures": 0},
      "gpu smoke: FAILED: the Domino chain's CUDA graph was never used")])
-def test_a_domino_chain_graph_that_drafts_differently_or_fails_to_capture_is_a_problem(chains, verdict, tmp_path,
-                                                                                       monkeypatch, capsys):
+def test_a_domino_chain_graph_that_drafts_differently_or_is_misused_is_a_problem(chains, verdict, tmp_path,
+                                                                                 monkeypatch, capsys):
     report = {"rounds": 9, "captures": 2, "eager_ms_per_chain": 1.0, "graph_ms_per_chain": 0.5, **chains}
     code, saved, last = run_smoke(tmp_path, monkeypatch, capsys, "--methods", "ar", "--sections", "methods,builders",
                                   compare_chains=lambda *args: report)
