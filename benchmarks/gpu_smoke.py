@@ -230,7 +230,7 @@ def compare_chains(target, folder, shape, prompt_ids, max_new_tokens) -> dict:
     differing = near_ties = 0
     with torch.inference_mode():  # as Domino.propose runs the chain
         for args in calls:
-            differs, tie = replay_round(args, graphed, graphs, times, target.device)
+            differs, tie = replay_round(args, chain_picks, graphed, graphs, times, target.device)
             differing += differs
             near_ties += tie
     ms = {k: round(1000 * sum(v) / max(1, len(v)), 3) for k, v in times.items()}
@@ -239,12 +239,10 @@ def compare_chains(target, folder, shape, prompt_ids, max_new_tokens) -> dict:
             "eager_ms_per_chain": ms["eager"], "graph_ms_per_chain": ms["graph"]}
 
 
-def replay_round(args, graphed, graphs: GraphReplayer, times: dict, device) -> tuple[bool, bool]:
+def replay_round(args, eager, graphed, graphs: GraphReplayer, times: dict, device) -> tuple[bool, bool]:
     """One recorded round through the eager chain and the graph: (picks differ, and only at a near-tie)."""
-    from decoding.methods.domino import chain_picks
-
     out, captures = {}, graphs.captures
-    for kind, chain in (("eager", chain_picks), ("graph", graphed)):
+    for kind, chain in (("eager", eager), ("graph", graphed)):
         synchronize(device)
         t0 = time.perf_counter()
         picks, rows = chain(*args)

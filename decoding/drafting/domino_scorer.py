@@ -91,6 +91,12 @@ def uncorrected_level(h, score, best, prefix_vals, prefix_ids, table, w_hh_t):
     return select_lanes(h, score, best, values, local, prefix_ids, table, w_hh_t, lanes)
 
 
+def prefix_children(base, prefix: int, k: int):
+    """The children of every uncorrected depth: the top-k of its base log-probabilities -> (values, ids)
+    [min(prefix, D), k]."""
+    return torch.topk(torch.log_softmax(base[:min(prefix, len(base))].float(), -1), k, dim=-1)
+
+
 def first_lanes(root, table, w_hh_t, lanes: int):
     """The W lanes before depth 1: the root's GRU state in lane 0 (score 0), dead lanes (-inf) after it.
     `root`: the root's id, a [1] tensor on the device. -> (h [W, G], score [W] f64, best [W] f64)"""
@@ -111,7 +117,7 @@ def whole_tree(root, z, base, w_z, w2, table, w_s_t, w_hh_t, m: int, k: int, k_p
     -> (the best 2W nodes' flat indices, scores (f64) and ids, every depth's lane sources), as `build` reads them"""
     p = min(prefix, len(base))
     z_proj = z.float() @ w_z.t()  # [D, E]
-    prefix_vals, prefix_ids = torch.topk(torch.log_softmax(base[:p].float(), -1), k_prefix, dim=-1)
+    prefix_vals, prefix_ids = prefix_children(base, p, k_prefix)
     base_c, cand = torch.topk(base[p:], m, dim=-1)  # [D - p, M]
     h, score, best = first_lanes(root, table, w_hh_t, lanes)
     children, ids, sources = [], [], []
@@ -165,20 +171,18 @@ class LevelBuilder:
         (on CUDA) the whole build is one graph replay (`whole_tree`); None: depth by depth, eagerly, stopping at
         the first depth with no live lane."""
         self.prefix = drafter.spec.pure_draft_prefix_len
-        depths, vocab = base.shape
+        vocab = base.shape[-1]
         self.m = min(m, vocab)
         self.k = min(k, self.m)
         self.table, self.w_hh_t = head.input_table(embed), head.w_hh_t  # [V, 3G]: every token's GRU input
         # the head's own tensors every round (a CUDA graph reads them in place)
         self.weights = {"w2": head.w2, "table": self.table, "w_s_t": head.w_s_t, "w_hh_t": self.w_hh_t}
         self.head, self.z, self.base, self.k_prefix = head, z, base, min(k, vocab)
-        self.graphs = graphs if graphs is not None and graphs.enabled else None  # a failed capture: eager from then on
+        self.graphs = graphs if graphs is not None and graphs.enabled else None  # off the GPU: a disabled replayer
         if self.graphs is None:
             self.z_rows = (z.float() @ head.w_z.t()).unbind(0)  # [E] per depth: views made once, not per depth
             self.base_rows = base.unbind(0)
-            p = min(self.prefix, depths)
-            self.prefix_vals, self.prefix_ids = torch.topk(torch.log_softmax(base[:p].float(), -1), self.k_prefix,
-                                                           dim=-1)
+            self.prefix_vals, self.prefix_ids = prefix_children(base, self.prefix, self.k_prefix)
 
     def _depth(self, d: int, h, score, best):
         if d < self.prefix:

@@ -122,8 +122,12 @@ class GraphReplayer:
     def __init__(self, enabled: bool, what: str, emulate: bool = False):
         self.enabled, self.what, self.emulate = enabled, what, emulate
         self.graphs: dict[str, StaticGraph] = {}
-        self.captures = 0  # graphs captured so far
         self._captures_of: dict[str, int] = {}  # per name: a name captured again and again is a bug worth a line
+
+    @property
+    def captures(self) -> int:
+        """Graphs captured so far, every name together."""
+        return sum(self._captures_of.values())
 
     def __call__(self, name: str, fn: Callable, inputs: dict, constants: dict):
         if not self.enabled:
@@ -137,7 +141,6 @@ class GraphReplayer:
                 # under way (its pool is never released, empty_cache fails), so the process is not clean
                 raise ConfigError(f"{self.what}=true: the CUDA graph of {name} could not be captured ({error}); "
                                   f"set {self.what}=false") from error
-            self.captures += 1
             self._captures_of[name] = self._captures_of.get(name, 0) + 1
             if self._captures_of[name] == RECAPTURE_WARNING:
                 log.warning("%s: CUDA graph captured %d times: its inputs' shapes or its weights change between "
