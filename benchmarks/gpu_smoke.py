@@ -5,12 +5,15 @@ On one GPU (default shape: Qwen3-1.7B's, random weights; a few minutes):
    τ, host ms per step (wall minus network forwards), and at T=0 the tie diagnosis of every
    mismatch with AR (decoding/engine/ties.py): a lossless method may leave AR only at near-ties;
    then Domino with method.compile=true (`--compiled`; the torch.compile'd chain, Triton on a GPU), and
-   Domino and DominoTree with method.cuda_graph=false (`--eager`: their drafting without CUDA graphs);
+   Domino and DominoTree with method.cuda_graph=false (`--eager`: their drafting without CUDA graphs); then
+   methods on the same weights with model.cuda_graph=true (`--graphed`: the target's block forwards replayed
+   from CUDA graphs, decoding/engine/static_forward.py; emulated off CUDA), rows "<method> graphed";
 2. DominoTree's fast builder (depth by depth; on CUDA the whole tree is one CUDA-graph replay) against the
    reference builder on the drafts of a real run: equal trees, and each builder's ms per tree; then the
    Domino chain replayed from its CUDA graphs against the eager chain on the rounds of a real run at T=0
    and T=1: the same picks, and each path's ms per chain (off CUDA the replay is emulated);
-3. the forward-cost curve: ms of one forward of n rows (n = 1 .. 1024) on a 512-token cache;
+3. the forward-cost curve: ms of one forward of n rows (n = 1 .. 1024) on a 512-token cache, eager and replayed
+   from the target's CUDA graphs (`cost_curve_graphed`; emulated off CUDA);
 4. every method again on a tiny random Gemma 3 (sliding and full layers, an 8-token window the prompts
    cross), on the device in the same dtype: the engine's hybrid-attention paths (docs/architectures.md),
    which the Qwen3 shape does not reach, under the device's own transformers.
@@ -52,23 +55,25 @@ SECTIONS = {"methods", "builders", "curve", "hybrid"}  # 1-4 of the docstring
 
 
 def run_methods(target, folder, shape, names, prompt_ids, max_new_tokens, compiled=(), eager=(), on_row=None,
-                deadline: float | None = None) -> list[dict]:
-    """Every method of `names` at its defaults, then those of `compiled` with method.compile=true and those of
-    `eager` with method.cuda_graph=false. Each row goes to `on_row` as soon as it is measured (a run cut short
-    keeps what it printed). A method not started by `deadline` (a perf_counter time) is a `skipped` row, so the
-    later sections still run inside the device's time limit."""
+                deadline: float | None = None, graphed=()) -> list[dict]:
+    """Every method of `names` at its defaults, then those of `compiled` with method.compile=true, those of
+    `eager` with method.cuda_graph=false and those of `graphed` on the same weights with model.cuda_graph=true
+    (`graphed_target`). Each row goes to `on_row` as soon as it is measured (a run cut short keeps what it
+    printed). A method not started by `deadline` (a perf_counter time) is a `skipped` row, so the later
+    sections still run inside the device's time limit."""
     rows, ar_outputs = [], None
     on_row = on_row or print_row
-    variants = [(n, "", {}) for n in names] + [(n, " compiled", {"compile": True}) for n in compiled] + \
-        [(n, " eager", {"cuda_graph": False}) for n in eager]
-    for name, suffix, overrides in variants:
+    variants = [(n, "", {}, None) for n in names] + [(n, " compiled", {"compile": True}, None) for n in compiled] + \
+        [(n, " eager", {"cuda_graph": False}, None) for n in eager] + [(n, " graphed", {}, "graphed") for n in graphed]
+    for name, suffix, overrides, graphs in variants:
         label = name + suffix
         if deadline is not None and time.perf_counter() > deadline:
             rows.append({"method": label, "T": None, "skipped": "time budget"})
             on_row(rows[-1])
             continue
         try:
-            method = build_method(name, target, folder, shape, **overrides)
+            runs_on = graphed_target(target) if graphs else target  # fresh graphs per method: its captures
+            method = build_method(name, runs_on, folder, shape, **overrides)
         except Exception as err:  # a crash is a result here: report it and go on
             rows.append({"method": label, "T": None, "error": named_line(err)})
             on_row(rows[-1])
@@ -77,13 +82,15 @@ def run_methods(target, folder, shape, names, prompt_ids, max_new_tokens, compil
             row = {"method": label, "T": temperature}
             try:  # the run and its tie diagnosis: either may crash on a device, and that is this row's result
                 clock_before = warm_device(target.device)
-                r = host_overhead(method, target, prompt_ids, max_new_tokens, temperature)
+                r = host_overhead(method, runs_on, prompt_ids, max_new_tokens, temperature)
+                if graphs:
+                    row["graph_captures"] = runs_on.graphs.captures
                 if clock_before is not None:  # SM MHz after the warm-up and after the row (CUDA)
                     row["sm_clock_mhz"] = [clock_before, sm_clock(target.device)]
                 outputs = r.pop("outputs")
                 row.update({k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()})
                 row["tokens_per_s"] = round(r["tokens_per_step"] / (r["wall_ms"] / 1000), 2) if r["wall_ms"] else 0.0
-                if temperature == 0 and name == "ar":
+                if temperature == 0 and name == "ar" and not graphs:  # graphed AR is checked against eager AR
                     ar_outputs = outputs
                 elif temperature == 0 and method.lossless and ar_outputs is not None:
                     found = [d.to_dict() for d in (diagnose(target, p, a, o)
@@ -96,6 +103,15 @@ def run_methods(target, folder, shape, names, prompt_ids, max_new_tokens, compil
             rows.append(row)
             on_row(row)
     return rows
+
+
+def graphed_target(target):
+    """The same weights with the block forwards replayed from CUDA graphs (model.cuda_graph=true); off CUDA
+    emulated (decoding/engine/static_forward.py), so the CPU run exercises the same bookkeeping."""
+    from decoding.engine.target import TargetModel
+
+    emulate = target.device.type != "cuda"
+    return TargetModel(target.model, target.tokenizer, graphs=GraphReplayer(True, "model.cuda_graph", emulate))
 
 
 def warm_device(device, seconds: float = 0.3) -> int | None:
@@ -375,6 +391,9 @@ def main() -> int:
     ap.add_argument("--eager", default=None,
                     help="methods also run with method.cuda_graph=false (default domino,dominotree; tiny: none, a CPU "
                          "has no graphs)")
+    ap.add_argument("--graphed", default=None,
+                    help="methods also run with model.cuda_graph=true (default ar,dflash,ddtree,dominotree,eagle3,sd; "
+                         "tiny: none)")
     ap.add_argument("--max-rows", type=int, default=1024, help="largest row count of the cost curve")
     ap.add_argument("--hybrid-methods", default=None, help="section 4's methods (default: --methods)")
     ap.add_argument("--sections", default="methods,builders,curve,hybrid",
@@ -419,6 +438,8 @@ def main() -> int:
     compiled = [m for m in (args.compiled if args.compiled is not None else "" if args.tiny else "domino").split(",") if m]
     eager = [m for m in (args.eager if args.eager is not None else "" if args.tiny else "domino,dominotree").split(",")
              if m]
+    graphed = [m for m in (args.graphed if args.graphed is not None else "" if args.tiny
+                           else "ar,dflash,ddtree,dominotree,eagle3,sd").split(",") if m]
     names = with_ar_first(names)
 
     def recorder(rows: list, prefix: str = ""):
@@ -433,10 +454,11 @@ def main() -> int:
     report["sections_run"] = sorted(sections)
     not_run = {"skipped": "--sections"}
     report["builders"], report["chains"], report["cost_curve"], report["hybrid"] = not_run, not_run, not_run, []
+    report["cost_curve_graphed"] = not_run
     if "methods" in sections:  # host_overhead warms each method up (untimed) before its timed runs
         deadline = None if args.methods_budget_s is None else time.perf_counter() + args.methods_budget_s
         run_methods(target, folder, shape, names, prompt_ids, max_new, compiled, eager, on_row=recorder(report["methods"]),
-                    deadline=deadline)
+                    deadline=deadline, graphed=graphed)
     if "builders" in sections:
         report["builders"] = section(compare_builders, target, folder, shape, prompt_ids[:2], max_new)
         print_builders(report["builders"])
@@ -445,9 +467,13 @@ def main() -> int:
         print_chains(report["chains"])
         save()
     if "curve" in sections:
-        report["cost_curve"] = section(cost_curve, target, 512, [n for n in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
-                                                                if n <= args.max_rows])
+        sizes = [n for n in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024) if n <= args.max_rows]
+        report["cost_curve"] = section(cost_curve, target, 512, sizes)
         print_curve(report["cost_curve"])
+        save()
+        report["cost_curve_graphed"] = section(cost_curve, graphed_target(target), 512, sizes)
+        print("CUDA graphs (model.cuda_graph=true):" if device != "cpu" else "static forwards (emulated graphs):")
+        print_curve(report["cost_curve_graphed"])
         save()
     hybrid = None
     if "hybrid" in sections:
@@ -474,8 +500,11 @@ def main() -> int:
         problems.append(f"the Domino chain drafted differently from its CUDA graph in "
                         f"{chains['differing_rounds'] - chains['near_tie_rounds']} round(s) beyond a near-tie")
     problems += graph_problems("the Domino chain", chains, expected_captures=2)  # T = 0 and T > 0
-    if isinstance(report["cost_curve"], dict) and "error" in report["cost_curve"]:  # section() caught a crash
-        problems.append(f"the forward-cost curve crashed ({report['cost_curve']['error']})")
+    for key, what in (("cost_curve", "forward-cost curve"), ("cost_curve_graphed", "graphed forward-cost curve")):
+        if isinstance(report[key], dict) and "error" in report[key]:  # section() caught a crash
+            problems.append(f"the {what} crashed ({report[key]['error']})")
+    problems += [f"{r['method']} never replayed a graph of the target" for r in rows
+                 if r.get("graph_captures") == 0 and "error" not in r]
     skipped = [f"section {name}" for name in sorted(SECTIONS - sections)] + [r["method"] for r in rows if "skipped" in r]
     return finish(report, problems, save, skipped)
 

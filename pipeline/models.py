@@ -56,6 +56,9 @@ class ModelConfig:
     # passed to the tokenizer's chat template with every prompt, e.g. {enable_thinking: false} for
     # Qwen3 (the published DFlash/Domino drafters are trained for non-thinking answers)
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    # on a GPU, replay the target's block forwards (and a separate drafter model's) from CUDA graphs at fixed
+    # shapes (decoding/engine/static_forward.py): full-attention models on one device; not yet run on a GPU
+    cuda_graph: bool = False
 
     def __post_init__(self) -> None:
         check_choice("model.source", self.source, ("hub", "gguf_wheel"))

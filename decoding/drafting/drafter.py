@@ -148,4 +148,4 @@ def build_drafter(cfg: DrafterConfig, target: TargetModel) -> Drafter:
     model, tokenizer = load_model(cfg.model)
     if target.tokenizer is not None and tokenizer.get_vocab() != target.tokenizer.get_vocab():
         raise ConfigError(f"drafter model '{cfg.model.name}' does not share the target's tokenizer")
-    return Drafter(TargetModel(model, tokenizer, kv_buffer=target.kv_buffer))
+    return Drafter(TargetModel(model, tokenizer, kv_buffer=target.kv_buffer, graphs=target.sibling_graphs()))

@@ -22,6 +22,12 @@ Memory: the buffer is sized at the prefill for the prompt, the answer (where the
 long: the target in `generate`, a drafter in its `begin`) and HEADROOM rows more, so it rarely
 grows; a growth holds the old and the new buffer at once (2.5x the cache for a moment, where
 DynamicLayer's concatenation holds the cache plus one layer).
+
+Static writes (the CUDA-graph forward of decoding/engine/static_forward.py): while `KVBuffer.write_slots` is
+set, a layer's update writes the block's rows into those slots (a device tensor, so a graph can replay it at
+any prefix) and returns its whole slot, every row of capacity; the mask hides the rows past the block. Its
+length is then set by the caller, outside the graph. Such a buffer is zero-filled (`zeroed`): a hidden row is
+multiplied by a zero weight, and uninitialised memory may hold NaN, which a zero weight does not cancel.
 """
 
 from __future__ import annotations
@@ -38,8 +44,9 @@ class KVBuffer:
     """Keys [slots, batch, heads, capacity, head_dim] and values (their own head_dim) of `slots`
     layers; allocated by the first write, grown by half (at least to what a write needs)."""
 
-    def __init__(self, slots: int, min_capacity: int = MIN_CAPACITY):
-        self.slots, self.min_capacity = slots, min_capacity
+    def __init__(self, slots: int, min_capacity: int = MIN_CAPACITY, zeroed: bool = False):
+        self.slots, self.min_capacity, self.zeroed = slots, min_capacity, zeroed
+        self.write_slots: torch.Tensor | None = None  # set during a static forward: the block rows' slots
         self.keys: torch.Tensor | None = None
         self.values: torch.Tensor | None = None
         self.capacity = 0  # rows per slot
@@ -60,15 +67,18 @@ class KVBuffer:
         if self.keys is None:
             self.capacity = max(end, self.min_capacity)
             shape = (self.slots, *keys.shape[:2], self.capacity)
-            self.keys = keys.new_empty(*shape, keys.shape[-1])
-            self.values = values.new_empty(*shape, values.shape[-1])
+            self.keys = self._new(keys, *shape, keys.shape[-1])
+            self.values = self._new(values, *shape, values.shape[-1])
         else:
             old, self.capacity = self.capacity, max(end, self.capacity + self.capacity // 2)
-            grown_keys = self.keys.new_empty(*self.keys.shape[:3], self.capacity, self.keys.shape[-1])
-            grown_values = self.values.new_empty(*self.values.shape[:3], self.capacity, self.values.shape[-1])
+            grown_keys = self._new(self.keys, *self.keys.shape[:3], self.capacity, self.keys.shape[-1])
+            grown_values = self._new(self.values, *self.values.shape[:3], self.capacity, self.values.shape[-1])
             grown_keys[:, :, :, :old] = self.keys
             grown_values[:, :, :, :old] = self.values
             self.keys, self.values = grown_keys, grown_values
+
+    def _new(self, like: torch.Tensor, *shape: int) -> torch.Tensor:
+        return like.new_zeros(*shape) if self.zeroed else like.new_empty(*shape)
 
     def move_rows(self, rows: torch.Tensor, start: int) -> None:
         """Every slot's rows `rows` (positions, increasing, each >= start + its index) to start, start + 1, ...:
@@ -141,6 +151,12 @@ class BufferedLayer(DynamicLayer):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
+        slots = self.buffer.write_slots
+        if slots is not None:  # a static forward: no host bookkeeping here, a graph replays none
+            keys, values = self._slot_views()
+            keys.index_copy_(2, slots, key_states)
+            values.index_copy_(2, slots, value_states)
+            return keys, values
         start, end = self.length, self.length + key_states.shape[-2]
         self.buffer.reserve(key_states, value_states, end)
         keys, values = self._slot_views()
@@ -164,19 +180,24 @@ class BufferedLayer(DynamicLayer):
 
 
 def buffered_cache(config, layers: tuple[int, ...], full_layers: set[int], devices: dict | None = None,
-                   min_capacity: int | None = None) -> tuple[DynamicCache, list[BufferedLayer]]:
+                   min_capacity: int | None = None, reuse: KVBuffer | None = None) -> tuple[DynamicCache, list[BufferedLayer]]:
     """transformers' DynamicCache for `config`, whose full-attention layers among `layers` share one
     KVBuffer per device (`devices`: layer -> the device its weights are on, under a device_map; the
     others, and layers this wrapper never runs, stay as transformers makes them). `min_capacity`:
-    rows allocated at first (default MIN_CAPACITY), e.g. the prompt plus the tokens to generate."""
+    rows allocated at first (default MIN_CAPACITY), e.g. the prompt plus the tokens to generate.
+    `reuse`: the buffer of every shared layer (one device), kept from an earlier cache: its tensors stay
+    the same, as a CUDA graph that reads them needs."""
     cache = DynamicCache(config=config)
     capacity = max(MIN_CAPACITY, min_capacity or 0)
     shared = [i for i in layers if i in full_layers and type(cache.layers[i]) is DynamicLayer]
     device_of = {i: (devices or {}).get(i) for i in shared}
     per_device = {d: [i for i in shared if device_of[i] == d] for d in dict.fromkeys(device_of.values())}
+    if reuse is not None and (len(per_device) > 1 or reuse.slots != len(shared)):
+        raise ValueError(f"a reused KV buffer of {reuse.slots} slots on one device cannot hold {len(shared)} "
+                         f"layers on {len(per_device)} devices")
     buffered = []
     for members in per_device.values():
-        buffer = KVBuffer(len(members), capacity)
+        buffer = reuse or KVBuffer(len(members), capacity)
         for slot, i in enumerate(members):
             cache.layers[i] = BufferedLayer(buffer, slot)
             buffered.append(cache.layers[i])

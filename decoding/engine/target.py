@@ -17,6 +17,10 @@ layers' caches are handled in one place, decoding/engine/attention_layout.py (ma
 window applied to the block rows' positions, sliding caches compacted and cut like the others);
 the layer-subset path gives each layer its type's mask and rotary embedding and applies the
 model's final-logit soft-capping, as the model's own forward does.
+
+CUDA graphs (`graphs=`, `model.cuda_graph`): on a GPU, a full-model block forward of up to
+static_forward.MAX_ROWS rows is replayed from a CUDA graph at fixed shapes (decoding/engine/static_forward.py);
+the prefill, layer subsets and longer blocks stay eager.
 """
 
 from __future__ import annotations
@@ -28,9 +32,12 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from decoding.engine import attention_layout, kv_cache
+from decoding.engine import attention_layout, kv_cache, static_forward
 from decoding.engine.attention_layout import AttentionLayout
-from decoding.engine.kv_cache import BufferedLayer, buffered_cache
+from decoding.engine.cuda_graph import GraphReplayer
+from decoding.engine.kv_cache import BufferedLayer, KVBuffer, buffered_cache
+from decoding.engine.static_forward import StaticBlock
+from pipeline.errors import ConfigError
 from decoding.engine.transfer import to_device
 from decoding.engine.tree import TokenTree
 
@@ -58,9 +65,10 @@ class TargetModel:
     """Prefill, block/tree forwards with a custom mask, hidden-state taps, KV compaction."""
 
     def __init__(self, model: torch.nn.Module, tokenizer=None, layers=None, exit_head: torch.nn.Module | None = None,
-                 kv_buffer: bool = True):
+                 kv_buffer: bool = True, graphs: GraphReplayer | None = None):
         """`kv_buffer=False`: transformers' plain DynamicCache instead of the shared KV buffer
-        (decoding/engine/kv_cache.py); benchmarks/bench_kv_cache.py compares the two."""
+        (decoding/engine/kv_cache.py); benchmarks/bench_kv_cache.py compares the two. `graphs`: replays
+        the block forwards from CUDA graphs where it is enabled (decoding/engine/static_forward.py)."""
         self.model = model.eval()
         self.exit_head = exit_head  # applied to the last layer's output, before the final norm
         self.tokenizer = tokenizer
@@ -100,12 +108,30 @@ class TargetModel:
         # cost-weighted count in full-model units (a pass over k of the model's L layers counts k/L)
         self.num_forwards = 0
         self.forward_cost = 0.0
+        self.graphs = graphs if graphs is not None and graphs.enabled and self.is_full and exit_head is None else None
+        self._static_buffer: KVBuffer | None = None  # the graphs' KV buffer, kept from prompt to prompt
+        self._columns: torch.Tensor | None = None  # arange(capacity) on the device: slots and row picks
+        if self.graphs is not None:
+            why = static_forward.check_static(model, self.layout, set(self._layer_devices.values()), kv_buffer)
+            if why:
+                raise ConfigError(f"{graphs.what}=true: {self.config.model_type} cannot be replayed from CUDA graphs: "
+                                  f"{why}; set {graphs.what}=false")
+
+    def sibling_graphs(self) -> GraphReplayer | None:
+        """A replayer of its own for another model run beside this one (a separate drafter), or None."""
+        return None if self.graphs is None else GraphReplayer(True, self.graphs.what, self.graphs.emulate)
 
     # ------------------------------------------------------------------ cache
     def reset(self, rows_expected: int = 0) -> None:
         """A new, empty cache; `rows_expected` (the prompt plus the tokens to generate) sizes its KV buffer,
         which otherwise grows by half when full (a copy, during which old and new buffers coexist)."""
-        if self.kv_buffer:
+        if self.graphs is not None:  # one buffer for every prompt: the graphs read its tensors
+            if self._static_buffer is None or self._static_buffer.capacity < rows_expected:
+                slots = len([i for i in self.layers if i in self._full_layers])
+                self._static_buffer = KVBuffer(slots, static_forward.capacity_for(rows_expected), zeroed=True)
+            self.cache, self._buffered = buffered_cache(self.config, self.layers, self._full_layers,
+                                                        self._layer_devices, reuse=self._static_buffer)
+        elif self.kv_buffer:
             self.cache, self._buffered = buffered_cache(self.config, self.layers, self._full_layers,
                                                         self._layer_devices, rows_expected)
         else:
@@ -228,6 +254,14 @@ class TargetModel:
             packed = np.asarray([tokens, depths], dtype=np.int64)
             packed[1] += prefix
             tokens, positions = to_device(packed, self.device)
+        layers = self.layers if active_layers is None else tuple(sorted(set(active_layers)))
+        if not set(layers) <= set(self.layers):
+            raise ValueError(f"active_layers {layers} are not all layers of this wrapper")
+        scratch = layers != self.layers
+        self.num_forwards += 1
+        self.forward_cost += len(layers) / self.num_layers
+        if self._replayable(len(tokens), scratch):
+            return self._run_static(tokens, positions, visible, prefix, hidden_layers, last_only)
         mask = None
         sliding_keys = self._sliding_keys()
         if visible is None and self._past_window(sliding_keys):  # the model's own mask would not cover them
@@ -235,16 +269,54 @@ class TargetModel:
         if visible is not None:
             mask = self.layout.masks(to_device(visible, self.device, torch.bool), positions, prefix, self.dtype,
                                      sliding_keys)
-        layers = self.layers if active_layers is None else tuple(sorted(set(active_layers)))
-        if not set(layers) <= set(self.layers):
-            raise ValueError(f"active_layers {layers} are not all layers of this wrapper")
-        scratch = layers != self.layers
-        self.num_forwards += 1
-        self.forward_cost += len(layers) / self.num_layers
         out = self._run(tokens, positions, mask, hidden_layers, last_only, layers)
         if scratch:
             self.truncate(prefix)
         return out
+
+    def _replayable(self, rows: int, scratch: bool) -> bool:
+        return (self.graphs is not None and not scratch and 0 < rows <= static_forward.MAX_ROWS
+                and self._static_buffer is not None and self._static_buffer.keys is not None)
+
+    def _run_static(self, tokens, positions, visible, prefix: int, hidden_layers, last_only: bool) -> ForwardOutput:
+        """The block through the graph of its bucket (decoding/engine/static_forward.py); outputs cloned."""
+        buffer = self._static_buffer
+        rows = static_forward.bucket(len(tokens))
+        buffer.reserve(buffer.keys[0], buffer.values[0], prefix + rows)  # a growth: new tensors, new graphs
+        if self._columns is None or len(self._columns) != buffer.capacity:
+            self._columns = torch.arange(buffer.capacity, device=self.device)
+        if visible is not None:
+            visible = to_device(visible, self.device, torch.bool)
+        block = StaticBlock(tokens, positions, visible, prefix, buffer.capacity, self.dtype, self._columns,
+                            last_only)
+        taps = tuple(hidden_layers)
+        name = f"target:{rows}" + (":last" if last_only else "") + (f":taps{list(taps)}" if taps else "")
+        logits, *hidden = self._replay(name, block.inputs(), {"keys": buffer.keys, "values": buffer.values,
+                                                              "taps": taps})
+        for layer in self._buffered:
+            layer.length = prefix + len(tokens)
+        logits = logits.clone() if last_only else logits[:len(tokens)].clone()
+        return ForwardOutput(logits, {i: h[:len(tokens)].clone() for i, h in zip(taps, hidden)})
+
+    def _replay(self, name: str, inputs: dict, constants: dict):
+        """The network pass of a static forward: its inputs copied in, the graph replayed (captured first)."""
+        return self.graphs(name, self._static_pass, inputs, constants)
+
+    def _static_pass(self, input_ids, position_ids, mask, slots, last_row, keys, values, taps):
+        """The captured function: the base model over the padded block, writing its KV to `slots`, then
+        the LM head on every row or on `last_row`. `keys`/`values` (the buffer's) only key the graph."""
+        buffer = self._static_buffer
+        buffer.write_slots = slots
+        try:
+            out = self.model.model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
+                                   use_cache=True, output_hidden_states=bool(taps), **{self._cache_kw: self.cache})
+        finally:
+            buffer.write_slots = None
+        h = out.last_hidden_state[0]
+        if last_row is not None:
+            h = h.index_select(0, last_row)
+        logits = soft_cap(self.model.lm_head(h), self._logit_softcap).float()
+        return (logits, *(out.hidden_states[i + 1][0] for i in taps))
 
     def forward_tree(self, tree: TokenTree, hidden_layers: tuple[int, ...] = ()) -> ForwardOutput:
         return self.forward(tree.tokens, tree.depths, None if tree.is_chain else tree.ancestor_array(), hidden_layers)

@@ -1,7 +1,7 @@
 """benchmarks/gpu_smoke.py runs on the CPU with the tiny shape (the same code a GPU runs), so CI
-exercises the GPU script: every method at T=0 and T=1 in bf16, the tie diagnosis, the DominoTree
-builders against each other, the forward-cost curve up to 1024 rows, and every method again on a
-hybrid-attention (Gemma 3) target."""
+exercises the GPU script: every method at T=0 and T=1 in bf16, the tie diagnosis, methods on a target whose
+forwards replay (emulated) CUDA graphs, the DominoTree builders against each other, the forward-cost curve
+up to 1024 rows (eager and graphed), and every method again on a hybrid-attention (Gemma 3) target."""
 
 import json
 import os
@@ -32,7 +32,8 @@ def test_gpu_smoke_runs_every_method_on_the_cpu_tiny_shape_with_only_the_gpu_ima
     hidden = subprocess.run([sys.executable, "-c", "import hydra"], capture_output=True, text=True,
                             env={**os.environ, "PYTHONPATH": path})
     assert hidden.returncode != 0 and "ModuleNotFoundError" in hidden.stderr  # the packages are really hidden
-    proc = subprocess.run([sys.executable, "benchmarks/gpu_smoke.py", "--device", "cpu", "--tiny", "--out", str(out)],
+    proc = subprocess.run([sys.executable, "benchmarks/gpu_smoke.py", "--device", "cpu", "--tiny", "--out", str(out),
+                           "--graphed", "ar,ddtree,sd"],
                           cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=900,
                           env={**os.environ, "SPECDEC_CACHE": str(tmp_path / "cache"), "PYTHONPATH": path})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -40,16 +41,18 @@ def test_gpu_smoke_runs_every_method_on_the_cpu_tiny_shape_with_only_the_gpu_ima
     report = json.loads(out.read_text())
     assert report["dtype"] == "bfloat16" and report["shape"] == "tiny"
     ran = {(r["method"], r["T"]) for r in report["methods"] if "error" not in r}
-    assert ran == {(m, t) for m in METHODS for t in (0.0, 1.0)}
+    graphed = ("ar graphed", "ddtree graphed", "sd graphed")  # the target's forwards from (emulated) CUDA graphs
+    assert ran == {(m, t) for m in (*METHODS, *graphed) for t in (0.0, 1.0)}
     lossless_t0 = [r for r in report["methods"] if r["T"] == 0.0 and "ties" in r]
-    assert len(lossless_t0) == len([m for m in LOSSLESS if m != "ar"])
+    assert len(lossless_t0) == len([m for m in LOSSLESS if m != "ar"]) + len(graphed)
+    assert all(r["graph_captures"] >= 1 for r in report["methods"] if r["method"] in graphed)
     assert all(r["diverged"] == 0 for r in lossless_t0)
     assert report["builders"]["equal_trees"] and report["builders"]["rounds"] > 0
     assert report["builders"]["cuda_graph"] == "none"  # a CPU builds depth by depth, eagerly, as DominoTree does there
     chains = report["chains"]  # the Domino chain from its (emulated) graphs: both branches, the eager picks
     assert chains["rounds"] > 0 and chains["differing_rounds"] == 0
     assert chains["cuda_graph"] == "emulated" and chains["captures"] == 2
-    assert [r["rows"] for r in report["cost_curve"]][-1] == 1024
+    assert [r["rows"] for r in report["cost_curve"]][-1] == [r["rows"] for r in report["cost_curve_graphed"]][-1] == 1024
     # every method again on the hybrid-attention target (sliding + full layers), lossless ones at most tied
     hybrid = {(r["method"], r["T"]) for r in report["hybrid"] if "error" not in r}
     assert hybrid == {(f"gemma3/{m}", t) for m in METHODS for t in (0.0, 1.0)}
@@ -213,7 +216,8 @@ def test_a_failure_and_a_section_not_run_are_both_in_the_verdict(tmp_path, monke
     code, report, last = run_smoke(tmp_path, monkeypatch, capsys, "--methods", "ar", "--sections", "methods,curve",
                                    cost_curve=broken)
     assert code == 1 and report["cost_curve"] == {"error": "RuntimeError: no curve"}
-    assert last.startswith("gpu smoke: FAILED: the forward-cost curve crashed (RuntimeError: no curve) "
+    assert last.startswith("gpu smoke: FAILED: the forward-cost curve crashed (RuntimeError: no curve); the graphed "
+                           "forward-cost curve crashed (RuntimeError: no curve) "
                            "(not run: section builders, section hybrid)")
 
 
@@ -241,3 +245,30 @@ def test_eager_variants_run_with_cuda_graphs_off_after_the_defaults(tmp_path, mo
         ("ar", 0.0), ("ar", 1.0), ("domino", 0.0), ("domino", 1.0), ("domino eager", 0.0), ("domino eager", 1.0)]
     assert built == [("ar", None), ("domino", True), ("domino", False)]
     assert report["methods"][-2]["diverged"] == 0
+
+
+def test_graphed_variants_run_on_a_target_replaying_its_forwards_and_are_checked_against_eager_ar(tmp_path, monkeypatch,
+                                                                                               capsys):
+    code, report, last = run_smoke(tmp_path, monkeypatch, capsys, "--methods", "ar", "--graphed", "ar,ddtree",
+                                   "--sections", "methods,curve", "--max-rows", "4")
+    assert code == 3 and report["problems"] == []
+    assert [(r["method"], r["T"]) for r in report["methods"]] == [
+        ("ar", 0.0), ("ar", 1.0), ("ar graphed", 0.0), ("ar graphed", 1.0), ("ddtree graphed", 0.0),
+        ("ddtree graphed", 1.0)]
+    graphed_t0 = [r for r in report["methods"] if r["method"].endswith("graphed") and r["T"] == 0.0]
+    assert all(r["diverged"] == 0 and r["graph_captures"] >= 1 for r in graphed_t0)  # against the eager AR's tokens
+    assert [r["rows"] for r in report["cost_curve_graphed"]] == [1, 2, 4]
+
+
+def test_a_graphed_row_that_never_replays_is_a_problem(tmp_path, monkeypatch, capsys):
+    smoke = load_smoke()
+    real = smoke.graphed_target
+
+    def never(target):
+        runs_on = real(target)
+        runs_on.graphs.enabled = False  # every forward eager: the row's target captured nothing
+        return runs_on
+
+    code, report, last = run_smoke(tmp_path, monkeypatch, capsys, "--methods", "ar", "--graphed", "ar",
+                                   "--sections", "methods", graphed_target=never)
+    assert code == 1 and last.startswith("gpu smoke: FAILED: ar graphed never replayed a graph of the target")

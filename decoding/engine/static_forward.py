@@ -1,0 +1,89 @@
+"""The target's block forward at fixed shapes, so that a CUDA graph can replay it (`model.cuda_graph`).
+
+Why: on a GPU a forward of transformers' eager model is one Python call per op. The H200 run of 2026-12-04
+(docs/gpu-bf16.md) measured 24-35 ms for every block size from 1 to 1024 rows of a 1.7B model, whose
+arithmetic at 1024 rows is about 4 ms: the forward is bound by the host's launches, not by the GPU. Replayed
+from a graph, a forward is one launch.
+
+A graph replays fixed shapes and fixed memory, so a static forward differs from the eager one in three ways:
+- rows: the block is padded to the next power of two (`bucket`, up to MAX_ROWS; longer blocks run eagerly).
+  Padded rows hold token 0 at position 0 and see only the cached prefix and themselves; no real row sees them;
+- keys: every full-attention layer attends to its whole slot of the KV buffer (decoding/engine/kv_cache.py:
+  reused across prompts, zero-filled), `capacity` rows, and the mask hides every row past the prefix that is
+  not the block's. The block's rows are written to their slots through a device tensor (`slots`), so one graph
+  serves every prefix length; the layers' lengths are set afterwards, on the host;
+- mask: one additive [1, 1, rows, capacity] float mask, built on the device before the replay (a few ops).
+The logits come from the base model's last hidden state and the LM head (for `last_only`, the last real row,
+picked by a device index), so every shape is the bucket's. Outputs are cloned: the next replay overwrites them.
+
+One graph per bucket and variant (last row only, hidden taps), captured on first use; a buffer that has to grow
+(a longer prompt than any before) gets new tensors, so the graphs are captured again. Which models: one
+device, every layer full attention (no sliding window), the shared KV buffer, the full model (not a layer
+subset): `check_static` says why not otherwise.
+
+Unverified on a GPU (this module was written on a machine without one, 2026-12-05): the CPU tests replay the
+graphs by emulation (the same static shapes, padding, slots and masks, run eagerly) and compare with the eager
+forward; what a real capture adds (a host read inside transformers' forward would break it, and host values
+read at capture would be frozen into it) only a GPU shows (benchmarks/gpu_smoke.py, `--graphed`).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from decoding.engine import attention_layout
+
+MAX_ROWS = 1024  # the largest block a graph holds (CaDDTree's profile runs to 1024 nodes)
+CAPACITY_STEP = 1024  # a reused KV buffer is sized in these steps, so a slightly longer prompt does not regrow it
+
+
+def bucket(rows: int) -> int:
+    """The padded row count: the next power of two."""
+    return 1 << max(rows - 1, 0).bit_length()
+
+
+def check_static(model, layout, devices: set, kv_buffer: bool) -> str | None:
+    """Why a target cannot run static forwards (None: it can)."""
+    if not (hasattr(model, "model") and hasattr(model, "lm_head")):
+        return "it is not a decoder stack (`.model`) with an LM head (`.lm_head`)"
+    if any(t != attention_layout.FULL for t in layout.types):
+        return "its sliding-window layers keep a cache of their own (only full-attention layers are replayed)"
+    if len(devices) > 1:
+        return "its layers are spread over several devices (device_map)"
+    if not kv_buffer:
+        return "it runs without the shared KV buffer (kv_buffer=False)"
+    return None
+
+
+def capacity_for(rows: int) -> int:
+    return -(-rows // CAPACITY_STEP) * CAPACITY_STEP
+
+
+class StaticBlock:
+    """The device tensors of one static forward, built from a block (tokens and positions on the device,
+    `visible` [n, n] bool on the device or None for a causal chain)."""
+
+    def __init__(self, tokens, positions, visible, prefix: int, capacity: int, dtype, columns: torch.Tensor,
+                 last_only: bool):
+        n = len(tokens)
+        self.rows, self.padded = n, bucket(n)
+        pad = self.padded - n
+        self.input_ids = F.pad(tokens, (0, pad))[None]
+        self.position_ids = F.pad(positions, (0, pad))[None]
+        blocked = torch.finfo(dtype).min
+        mask = torch.full((self.padded, capacity), blocked, dtype=dtype, device=tokens.device)
+        mask[:, :prefix] = 0
+        if visible is None:
+            seen = torch.ones(self.padded, self.padded, dtype=torch.bool, device=tokens.device).tril()
+        else:
+            seen = F.pad(visible, (0, pad, 0, pad))
+            seen.diagonal().fill_(True)  # a padded row sees itself: no row of the softmax is all-masked
+        mask[:, prefix:prefix + self.padded].masked_fill_(seen, 0)
+        self.mask = mask[None, None]
+        self.slots = columns[prefix:prefix + self.padded]  # the block rows' cache slots
+        self.last_row = columns[n - 1:n] if last_only else None
+
+    def inputs(self) -> dict:
+        return {"input_ids": self.input_ids, "position_ids": self.position_ids, "mask": self.mask,
+                "slots": self.slots, "last_row": self.last_row}

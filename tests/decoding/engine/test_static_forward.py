@@ -1,0 +1,149 @@
+"""The target's block forward at fixed shapes (decoding/engine/static_forward.py, `model.cuda_graph`), replayed
+by emulation on the CPU: the same padded rows, slot writes, full-capacity masks and reused KV buffer as a CUDA
+graph replay, run eagerly. It must give the eager forward's logits and taps (fp32, up to summation order), keep
+the cache as the eager path does, capture one graph per bucket and variant across prompts, and decode every
+lossless method to AR's tokens. The capture itself needs a GPU (last test, skipped here)."""
+
+import functools
+
+import numpy as np
+import pytest
+import torch
+
+from decoding.engine import static_forward
+from decoding.engine.cuda_graph import GraphReplayer
+from decoding.engine.loop import generate
+from decoding.engine.target import TargetModel
+from decoding.methods.ar import AR
+from pipeline.errors import ConfigError
+from pipeline.zoo import LOSSLESS, build_method, mixed_prompts, random_target
+
+NEW_TOKENS = 24
+CLOSE = dict(atol=1e-4, rtol=1e-4)  # fp32: the static forward sums over more (masked) keys, in another order
+
+
+def emulated() -> GraphReplayer:
+    return GraphReplayer(True, "model.cuda_graph", emulate=True)
+
+
+@functools.cache
+def eager_target():
+    return random_target("tiny")
+
+
+def graphed_target() -> TargetModel:
+    return TargetModel(eager_target().model, graphs=emulated())
+
+
+def prompts():
+    return mixed_prompts(2, 500)
+
+
+@functools.cache
+def ar_tokens():
+    return [generate(AR(), eager_target(), p, max_new_tokens=NEW_TOKENS).new_tokens for p in prompts()]
+
+
+def test_bucket_is_the_next_power_of_two():
+    assert [static_forward.bucket(n) for n in (1, 2, 3, 4, 5, 16, 17, 1000, 1024)] == [1, 2, 4, 4, 8, 16, 32, 1024,
+                                                                                      1024]
+    assert static_forward.capacity_for(1) == static_forward.capacity_for(1024) == 1024
+    assert static_forward.capacity_for(1025) == 2048
+
+
+def test_static_forwards_equal_eager_ones_chain_tree_taps_last_row_and_compaction():
+    eager, graphed = eager_target(), graphed_target()
+    prompt = list(range(5, 40))
+    for target in (eager, graphed):
+        target.prefill(prompt, rows_expected=80)
+    tree = np.array([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 0, 1, 1, 0], [1, 1, 0, 0, 1]], bool)
+    calls = [dict(tokens=[7, 8, 9], depths=[0, 1, 2], visible=None, hidden_layers=(1, 4)),  # chain, taps, 3 -> 4 rows
+             dict(tokens=[3, 4, 5, 6, 2], depths=[0, 1, 1, 2, 2], visible=tree),  # tree, 5 -> 8 rows
+             dict(tokens=[11], depths=[0], visible=None, last_only=True)]
+    keeps = [[0, 1, 2, 3], [0, 2, 3], None]  # the second keeps a non-contiguous path (rows moved)
+    for call, keep in zip(calls, keeps):
+        a, b = (t.forward(**call) for t in (eager, graphed))
+        assert a.logits.shape == b.logits.shape
+        torch.testing.assert_close(b.logits, a.logits, **CLOSE)
+        assert a.hidden.keys() == b.hidden.keys()
+        for i in a.hidden:
+            torch.testing.assert_close(b.hidden[i], a.hidden[i], **CLOSE)
+        assert graphed.cache_len == eager.cache_len
+        if keep is not None:
+            prefix = eager.cache_len - len(call["tokens"])
+            for t in (eager, graphed):
+                t.keep_rows(prefix, keep)
+    assert sorted(graphed.graphs.graphs) == ["target:1:last", "target:4:taps[1, 4]", "target:8"]
+    # the kept rows hold the same keys in both caches
+    length = eager.cache_len
+    torch.testing.assert_close(graphed.cache.layers[0].keys[:, :, :length], eager.cache.layers[0].keys, **CLOSE)
+
+
+def test_outputs_are_copies_the_next_replay_does_not_overwrite():
+    graphed = graphed_target()
+    graphed.prefill(list(range(5, 20)), rows_expected=40)
+    first = graphed.forward([7, 8], [0, 1], None)
+    kept = first.logits.clone()
+    graphed.keep_rows(15, [])
+    graphed.forward([9, 10], [0, 1], None)  # the same graph, other tokens
+    assert torch.equal(first.logits, kept)
+
+
+def test_graphs_are_captured_once_across_prompts_and_again_when_the_buffer_grows():
+    graphed = graphed_target()
+    for prompt in prompts():
+        assert generate(AR(), graphed, prompt, max_new_tokens=NEW_TOKENS).new_tokens == ar_tokens()[prompts().index(prompt)]
+    assert graphed.graphs.captures == 1  # AR: one row per step, every prompt, one buffer
+    keys = graphed._static_buffer.keys
+    long_prompt = (prompts()[1] * 60)[:1100]  # beyond the buffer's 1024 rows
+    generate(AR(), graphed, long_prompt, max_new_tokens=4)
+    assert graphed._static_buffer.keys is not keys and graphed.graphs.captures == 2
+
+
+@pytest.mark.parametrize("name", [m for m in LOSSLESS if m != "ar"])
+def test_every_lossless_method_on_a_graphed_target_gives_ar_tokens_in_fp32(name, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))  # CaDDTree's profiled cost model
+    target = graphed_target()
+    method = build_method(name, target, tmp_path)
+    states = [generate(method, target, p, max_new_tokens=NEW_TOKENS) for p in prompts()]
+    assert [s.new_tokens for s in states] == ar_tokens()
+    assert target.graphs.captures >= 1  # the verify forwards went through the static path
+
+
+@pytest.mark.parametrize("name", ["ar", "ddtree", "eagle3", "via_sd", "spec_cascade"])
+def test_sampling_on_a_graphed_target_draws_what_the_eager_one_draws(name, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    runs = []
+    for target in (eager_target(), graphed_target()):
+        method = build_method(name, target, tmp_path)
+        runs.append([generate(method, target, prompts()[1], max_new_tokens=NEW_TOKENS, temperature=1.0,
+                              seed=s).new_tokens for s in (0, 1)])
+    assert runs[0] == runs[1] and runs[0][0] != runs[0][1]
+
+
+def test_a_separate_drafter_model_gets_graphs_of_its_own():
+    graphed = graphed_target()
+    sibling = graphed.sibling_graphs()
+    assert sibling is not graphed.graphs and sibling.enabled and sibling.what == "model.cuda_graph"
+    assert eager_target().sibling_graphs() is None
+
+
+def test_a_target_the_static_forward_cannot_hold_is_one_config_error():
+    gemma = random_target("tiny", arch="gemma3")
+    with pytest.raises(ConfigError, match=r"model.cuda_graph=true: gemma3_text cannot be replayed .*sliding-window"):
+        TargetModel(gemma.model, graphs=emulated())
+    with pytest.raises(ConfigError, match="kv_buffer=False"):
+        TargetModel(eager_target().model, kv_buffer=False, graphs=emulated())
+    # a layer subset (a drafter made of the target's layers) and a disabled replayer stay eager
+    assert TargetModel(eager_target().model, layers=[0, 1], graphs=emulated()).graphs is None
+    assert TargetModel(eager_target().model, graphs=GraphReplayer(False, "model.cuda_graph")).graphs is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a CUDA graph needs a GPU")
+def test_a_real_capture_on_a_gpu_equals_the_eager_forward():
+    model = random_target("tiny", device="cuda").model
+    eager, graphed = TargetModel(model), TargetModel(model, graphs=GraphReplayer(True, "model.cuda_graph"))
+    prompt = prompts()[1]
+    assert generate(AR(), graphed, prompt, max_new_tokens=NEW_TOKENS).new_tokens == \
+        generate(AR(), eager, prompt, max_new_tokens=NEW_TOKENS).new_tokens
+    assert graphed.graphs.captures == 1
