@@ -139,6 +139,38 @@ def test_a_target_the_static_forward_cannot_hold_is_one_config_error():
     assert TargetModel(eager_target().model, graphs=GraphReplayer(False, "model.cuda_graph")).graphs is None
 
 
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+def test_the_captured_forward_reads_nothing_on_the_host(arch):
+    """A CUDA graph cannot hold a host read of a device value (`.item()`, `bool(t)`, `nonzero`): run the
+    captured function, transformers' own forward included, on the meta device, where any such read fails."""
+    from transformers import AutoModelForCausalLM
+
+    from decoding.engine.static_forward import StaticBlock
+    from pipeline.zoo import random_config
+
+    config = random_config("tiny", arch, 0.2, None)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config).eval()
+    target = TargetModel(model, graphs=emulated())
+    target.reset(64)
+    buffer = target._static_buffer
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    one_row = torch.zeros(1, config.num_key_value_heads, 1, head_dim, device="meta")
+    buffer.reserve(one_row, one_row, 64)  # as a prefill of 20 tokens leaves it
+    for layer in target._buffered:
+        layer.lazy_initialization(one_row, one_row)
+        layer.length = 20
+    columns = torch.arange(buffer.capacity, device="meta")
+    tokens, positions = torch.zeros(3, dtype=torch.long, device="meta"), torch.arange(3, device="meta") + 20
+    visible = torch.ones(3, 3, dtype=torch.bool, device="meta").tril()
+    with torch.inference_mode():
+        for seen, last_only, taps in ((None, False, (1,)), (visible, True, ())):
+            block = StaticBlock(tokens, positions, seen, 20, buffer.capacity, target.dtype, columns, last_only)
+            logits, *hidden = target._static_pass(**block.inputs(), keys=buffer.keys, values=buffer.values, taps=taps)
+            assert logits.device.type == "meta" and logits.shape == (1 if last_only else 4, config.vocab_size)
+            assert [h.shape for h in hidden] == [(4, config.hidden_size)] * len(taps)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="a CUDA graph needs a GPU")
 def test_a_real_capture_on_a_gpu_equals_the_eager_forward():
     model = random_target("tiny", device="cuda").model
