@@ -453,3 +453,25 @@ def test_the_provenance_names_the_drafter_folder_and_weights_a_job_loaded(tiny_m
     assert len(origin["checkpoints"][str(folder)]["sha256"]) == 16
     ar_only = run(job_config(tiny_model_dirs["llama"], tmp_path, "task.limit=1"), tmp_path / "ar", show_progress=False)
     assert ar_only["provenance"]["checkpoints"] == {}  # the earlier job's drafter is not this job's
+
+
+def test_model_cuda_graph_reaches_the_target_and_decodes_as_the_eager_job(tiny_model_dirs, tmp_path, monkeypatch):
+    """model.cuda_graph=true, with the replay emulated as the CPU tests do (decoding/engine/static_forward.py):
+    the job's target replays its forwards and gives the eager job's tokens; off CUDA the option does nothing."""
+    import pipeline.runner as runner
+    from decoding.engine.cuda_graph import GraphReplayer
+
+    built = []
+
+    def emulated(device, enabled, what):
+        built.append(GraphReplayer(enabled, what, emulate=True))
+        return built[-1]
+
+    eager = run(job_config(tiny_model_dirs["llama"], tmp_path, "method=ptd"), tmp_path / "eager", show_progress=False)
+    assert runner.graphs_for("cpu", True, "model.cuda_graph").enabled is False  # a CPU: no graphs
+    monkeypatch.setattr(runner, "graphs_for", emulated)
+    run(job_config(tiny_model_dirs["llama"], tmp_path, "method=ptd", "model.cuda_graph=true"), tmp_path / "graphed",
+        show_progress=False)
+    assert built[0].enabled and built[0].what == "model.cuda_graph" and built[0].captures >= 2  # AR and ptd buckets
+    outputs = [[r["output_ids"] for r in read_rows(tmp_path / d / "results.jsonl")] for d in ("eager", "graphed")]
+    assert outputs[0] == outputs[1] and eager["num_prompts"] == 3
