@@ -102,7 +102,18 @@ def run_methods(target, folder, shape, names, prompt_ids, max_new_tokens, compil
                 row = {"method": label, "T": temperature, "error": named_line(err)}
             rows.append(row)
             on_row(row)
+        if graphs:  # its graphs' memory pools and KV buffer: freed before the next row (a cycle holds them)
+            del method, runs_on
+            release_graphs(target.device)
     return rows
+
+
+def release_graphs(device) -> None:
+    import gc
+
+    gc.collect()
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def graphed_target(target):
@@ -472,6 +483,7 @@ def main() -> int:
         print_curve(report["cost_curve"])
         save()
         report["cost_curve_graphed"] = section(cost_curve, graphed_target(target), 512, sizes)
+        release_graphs(target.device)
         print("CUDA graphs (model.cuda_graph=true):" if device != "cpu" else "static forwards (emulated graphs):")
         print_curve(report["cost_curve_graphed"])
         save()

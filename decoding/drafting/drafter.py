@@ -13,6 +13,7 @@ Kinds (`drafter=` config group):
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Optional
 
@@ -24,6 +25,8 @@ from decoding.drafting.routing import kept_layers, load_mask
 from decoding.engine.target import TargetModel
 from pipeline.errors import ConfigError, check_choice, check_range
 from pipeline.models import ModelConfig
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -148,4 +151,11 @@ def build_drafter(cfg: DrafterConfig, target: TargetModel) -> Drafter:
     model, tokenizer = load_model(cfg.model)
     if target.tokenizer is not None and tokenizer.get_vocab() != target.tokenizer.get_vocab():
         raise ConfigError(f"drafter model '{cfg.model.name}' does not share the target's tokenizer")
-    return Drafter(TargetModel(model, tokenizer, kv_buffer=target.kv_buffer, graphs=target.sibling_graphs()))
+    graphs = target.sibling_graphs(next(model.parameters()).device)
+    try:
+        return Drafter(TargetModel(model, tokenizer, kv_buffer=target.kv_buffer, graphs=graphs))
+    except ConfigError as why:  # only a replayer can make it refuse: the target's graphs go on, the drafter's not
+        if graphs is None:
+            raise
+        log.warning("drafter model '%s' runs without CUDA graphs: %s", cfg.model.name, why)
+        return Drafter(TargetModel(model, tokenizer, kv_buffer=target.kv_buffer))

@@ -124,6 +124,10 @@ class GraphReplayer:
         self.graphs: dict[str, StaticGraph] = {}
         self._captures_of: dict[str, int] = {}  # per name: a name captured again and again is a bug worth a line
 
+    def forget(self) -> None:
+        """Drop every graph (they read tensors that are being replaced); the capture counts stay."""
+        self.graphs.clear()
+
     @property
     def captures(self) -> int:
         """Graphs captured so far, every name together."""

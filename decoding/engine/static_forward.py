@@ -7,7 +7,8 @@ from a graph, a forward is one launch.
 
 A graph replays fixed shapes and fixed memory, so a static forward differs from the eager one in three ways:
 - rows: the block is padded to the next power of two (`bucket`, up to MAX_ROWS; longer blocks run eagerly).
-  Padded rows hold token 0 at position 0 and see only the cached prefix and themselves; no real row sees them;
+  Padded rows hold token 0 at position 0 and see the cached prefix and themselves (in a chain, the rows before
+  them too); no real row sees them;
 - keys: every full-attention layer attends to its whole slot of the KV buffer (decoding/engine/kv_cache.py:
   reused across prompts, zero-filled), `capacity` rows, and the mask hides every row past the prefix that is
   not the block's. The block's rows are written to their slots through a device tensor (`slots`), so one graph
@@ -17,9 +18,12 @@ The logits come from the base model's last hidden state and the LM head (for `la
 picked by a device index), so every shape is the bucket's. Outputs are cloned: the next replay overwrites them.
 
 One graph per bucket and variant (last row only, hidden taps), captured on first use; a buffer that has to grow
-(a longer prompt than any before) gets new tensors, so the graphs are captured again. Which models: one
-device, every layer full attention (no sliding window), the shared KV buffer, the full model (not a layer
-subset): `check_static` says why not otherwise.
+(a longer prompt than any before) gets new tensors, so the graphs are dropped and captured again. Host state
+stays out of the captured function: the layers' lengths and their initialisation are set on the host, since a
+replay runs no Python. Which models: the families whose causal-LM head is the LM head alone (STATIC_FAMILIES:
+Granite and Cohere scale their logits), one device, every layer full attention (no sliding window), no dynamic
+RoPE (it compares positions on the host), the shared KV buffer, the full model (not a layer subset):
+`check_static` says why not otherwise.
 
 Unverified on a GPU (this module was written on a machine without one, 2026-12-05): the CPU tests replay the
 graphs by emulation (the same static shapes, padding, slots and masks, run eagerly) and compare with the eager
@@ -36,6 +40,8 @@ from decoding.engine import attention_layout
 
 MAX_ROWS = 1024  # the largest block a graph holds (CaDDTree's profile runs to 1024 nodes)
 CAPACITY_STEP = 1024  # a reused KV buffer is sized in these steps, so a slightly longer prompt does not regrow it
+# model types whose ForCausalLM forward is lm_head(model(...)) and nothing more: the static pass calls those two
+STATIC_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 
 
 def bucket(rows: int) -> int:
@@ -45,10 +51,15 @@ def bucket(rows: int) -> int:
 
 def check_static(model, layout, devices: set, kv_buffer: bool) -> str | None:
     """Why a target cannot run static forwards (None: it can)."""
-    if not (hasattr(model, "model") and hasattr(model, "lm_head")):
-        return "it is not a decoder stack (`.model`) with an LM head (`.lm_head`)"
     if any(t != attention_layout.FULL for t in layout.types):
         return "its sliding-window layers keep a cache of their own (only full-attention layers are replayed)"
+    config = model.config
+    if config.model_type not in STATIC_FAMILIES or not (hasattr(model, "model") and hasattr(model, "lm_head")):
+        return (f"the static pass calls the decoder stack and the LM head of {', '.join(STATIC_FAMILIES)} models, "
+                f"not of {config.model_type}")
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    if isinstance(rope, dict) and rope.get("rope_type", rope.get("type")) == "dynamic":
+        return "its dynamic RoPE compares positions on the host"
     if len(devices) > 1:
         return "its layers are spread over several devices (device_map)"
     if not kv_buffer:
@@ -57,7 +68,8 @@ def check_static(model, layout, devices: set, kv_buffer: bool) -> str | None:
 
 
 def capacity_for(rows: int) -> int:
-    return -(-rows // CAPACITY_STEP) * CAPACITY_STEP
+    """A reused buffer's rows for `rows` expected ones, with room for the largest padded block after them."""
+    return -(-(rows + MAX_ROWS) // CAPACITY_STEP) * CAPACITY_STEP
 
 
 class StaticBlock:
@@ -78,7 +90,7 @@ class StaticBlock:
             seen = torch.ones(self.padded, self.padded, dtype=torch.bool, device=tokens.device).tril()
         else:
             seen = F.pad(visible, (0, pad, 0, pad))
-            seen.diagonal().fill_(True)  # a padded row sees itself: no row of the softmax is all-masked
+            seen[n:, n:].diagonal().fill_(True)  # a padded row sees itself: no row of the softmax is all-masked
         mask[:, prefix:prefix + self.padded].masked_fill_(seen, 0)
         self.mask = mask[None, None]
         self.slots = columns[prefix:prefix + self.padded]  # the block rows' cache slots

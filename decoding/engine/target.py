@@ -117,9 +117,14 @@ class TargetModel:
                 raise ConfigError(f"{graphs.what}=true: {self.config.model_type} cannot be replayed from CUDA graphs: "
                                   f"{why}; set {graphs.what}=false")
 
-    def sibling_graphs(self) -> GraphReplayer | None:
-        """A replayer of its own for another model run beside this one (a separate drafter), or None."""
-        return None if self.graphs is None else GraphReplayer(True, self.graphs.what, self.graphs.emulate)
+    def sibling_graphs(self, device) -> GraphReplayer | None:
+        """A replayer of its own for another model run beside this one (a separate drafter) on `device`, or None
+        (no graphs here, or a device without them)."""
+        if self.graphs is None:
+            return None
+        graphs = GraphReplayer(self.graphs.emulate or torch.device(device).type == "cuda", self.graphs.what,
+                               self.graphs.emulate)
+        return graphs if graphs.enabled else None
 
     # ------------------------------------------------------------------ cache
     def reset(self, rows_expected: int = 0) -> None:
@@ -127,6 +132,7 @@ class TargetModel:
         which otherwise grows by half when full (a copy, during which old and new buffers coexist)."""
         if self.graphs is not None:  # one buffer for every prompt: the graphs read its tensors
             if self._static_buffer is None or self._static_buffer.capacity < rows_expected:
+                self.graphs.forget()  # they hold the old buffer's tensors
                 slots = len([i for i in self.layers if i in self._full_layers])
                 self._static_buffer = KVBuffer(slots, static_forward.capacity_for(rows_expected), zeroed=True)
             self.cache, self._buffered = buffered_cache(self.config, self.layers, self._full_layers,
@@ -282,9 +288,15 @@ class TargetModel:
         """The block through the graph of its bucket (decoding/engine/static_forward.py); outputs cloned."""
         buffer = self._static_buffer
         rows = static_forward.bucket(len(tokens))
-        buffer.reserve(buffer.keys[0], buffer.values[0], prefix + rows)  # a growth: new tensors, new graphs
+        generation = buffer.generation
+        buffer.reserve(buffer.keys[0], buffer.values[0], prefix + rows)
+        if buffer.generation != generation:  # grown: new tensors, so every graph is captured again
+            self.graphs.forget()
         if self._columns is None or len(self._columns) != buffer.capacity:
             self._columns = torch.arange(buffer.capacity, device=self.device)
+        for layer in self._buffered:  # a prompt of one token has no prefill: its layers start here, on the host
+            if not layer.is_initialized:
+                layer.lazy_initialization(buffer.keys[0], buffer.values[0])
         if visible is not None:
             visible = to_device(visible, self.device, torch.bool)
         block = StaticBlock(tokens, positions, visible, prefix, buffer.capacity, self.dtype, self._columns,

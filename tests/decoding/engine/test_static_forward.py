@@ -47,12 +47,22 @@ def ar_tokens():
 def test_bucket_is_the_next_power_of_two():
     assert [static_forward.bucket(n) for n in (1, 2, 3, 4, 5, 16, 17, 1000, 1024)] == [1, 2, 4, 4, 8, 16, 32, 1024,
                                                                                       1024]
-    assert static_forward.capacity_for(1) == static_forward.capacity_for(1024) == 1024
-    assert static_forward.capacity_for(1025) == 2048
+    # room for the largest padded block after the rows expected, in steps of 1024
+    assert static_forward.capacity_for(1) == static_forward.capacity_for(1024) == 2048
+    assert static_forward.capacity_for(1025) == 3072
 
 
-def test_static_forwards_equal_eager_ones_chain_tree_taps_last_row_and_compaction():
-    eager, graphed = eager_target(), graphed_target()
+GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="a CUDA graph needs a GPU")
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=GPU)])
+def test_static_forwards_equal_eager_ones_chain_tree_taps_last_row_and_compaction(device):
+    """On the CPU by emulation; on a GPU with real captures and replays."""
+    if device == "cpu":
+        eager, graphed = eager_target(), graphed_target()
+    else:
+        eager = random_target("tiny", device=device)
+        graphed = TargetModel(eager.model, graphs=GraphReplayer(True, "model.cuda_graph"))
     prompt = list(range(5, 40))
     for target in (eager, graphed):
         target.prefill(prompt, rows_expected=80)
@@ -74,19 +84,20 @@ def test_static_forwards_equal_eager_ones_chain_tree_taps_last_row_and_compactio
             for t in (eager, graphed):
                 t.keep_rows(prefix, keep)
     assert sorted(graphed.graphs.graphs) == ["target:1:last", "target:4:taps[1, 4]", "target:8"]
-    # the kept rows hold the same keys in both caches
-    length = eager.cache_len
-    torch.testing.assert_close(graphed.cache.layers[0].keys[:, :, :length], eager.cache.layers[0].keys, **CLOSE)
+    # the kept rows hold the same keys and values in every layer of both caches
+    for mine, theirs in zip(graphed.cache.layers, eager.cache.layers, strict=True):
+        torch.testing.assert_close(mine.keys, theirs.keys, **CLOSE)
+        torch.testing.assert_close(mine.values, theirs.values, **CLOSE)
 
 
 def test_outputs_are_copies_the_next_replay_does_not_overwrite():
     graphed = graphed_target()
     graphed.prefill(list(range(5, 20)), rows_expected=40)
-    first = graphed.forward([7, 8], [0, 1], None)
-    kept = first.logits.clone()
+    first = graphed.forward([7, 8], [0, 1], None, hidden_layers=(2,))
+    kept = first.logits.clone(), first.hidden[2].clone()
     graphed.keep_rows(15, [])
-    graphed.forward([9, 10], [0, 1], None)  # the same graph, other tokens
-    assert torch.equal(first.logits, kept)
+    graphed.forward([9, 10], [0, 1], None, hidden_layers=(2,))  # the same graph, other tokens
+    assert torch.equal(first.logits, kept[0]) and torch.equal(first.hidden[2], kept[1])
 
 
 def test_graphs_are_captured_once_across_prompts_and_again_when_the_buffer_grows():
@@ -95,9 +106,33 @@ def test_graphs_are_captured_once_across_prompts_and_again_when_the_buffer_grows
         assert generate(AR(), graphed, prompt, max_new_tokens=NEW_TOKENS).new_tokens == ar_tokens()[prompts().index(prompt)]
     assert graphed.graphs.captures == 1  # AR: one row per step, every prompt, one buffer
     keys = graphed._static_buffer.keys
-    long_prompt = (prompts()[1] * 60)[:1100]  # beyond the buffer's 1024 rows
+    long_prompt = (prompts()[1] * 120)[:2100]  # beyond the buffer's 2048 rows
     generate(AR(), graphed, long_prompt, max_new_tokens=4)
     assert graphed._static_buffer.keys is not keys and graphed.graphs.captures == 2
+    assert all(g.constants["keys"] is graphed._static_buffer.keys for g in graphed.graphs.graphs.values())
+
+
+def test_the_captured_function_changes_no_host_state_and_a_one_token_prompt_starts_its_layers_on_the_host():
+    """A replay runs no Python: whatever `_static_pass` did to the cache's host state (lengths, a layer's first
+    initialisation) would happen at the capture only. A one-token prompt has no prefill, so its first forward
+    is static with uninitialised layers."""
+    graphed = graphed_target()
+    states = []
+    real = graphed._static_pass
+
+    def watched(**kwargs):
+        before = [(layer.length, layer.is_initialized) for layer in graphed._buffered]
+        out = real(**kwargs)
+        states.append(before == [(layer.length, layer.is_initialized) for layer in graphed._buffered])
+        return out
+
+    graphed._static_pass = watched
+    eager = eager_target()
+    for prompt in (prompts()[0], [prompts()[1][0]]):  # a normal prompt, then one of one token
+        assert generate(AR(), graphed, prompt, max_new_tokens=8).new_tokens == \
+            generate(AR(), eager, prompt, max_new_tokens=8).new_tokens
+        assert graphed.cache_len == eager.cache_len
+    assert states and all(states)
 
 
 @pytest.mark.parametrize("name", [m for m in LOSSLESS if m != "ar"])
@@ -121,11 +156,35 @@ def test_sampling_on_a_graphed_target_draws_what_the_eager_one_draws(name, tmp_p
     assert runs[0] == runs[1] and runs[0][0] != runs[0][1]
 
 
-def test_a_separate_drafter_model_gets_graphs_of_its_own():
+def test_a_separate_drafter_model_gets_graphs_of_its_own_or_runs_eagerly(tmp_path, caplog, monkeypatch):
+    import pipeline.models
+    from decoding.drafting.drafter import DrafterConfig, build_drafter
+    from pipeline.models import ModelConfig
+
     graphed = graphed_target()
-    sibling = graphed.sibling_graphs()
+    sibling = graphed.sibling_graphs("cpu")  # emulated here, as the target's
     assert sibling is not graphed.graphs and sibling.enabled and sibling.what == "model.cuda_graph"
-    assert eager_target().sibling_graphs() is None
+    assert eager_target().sibling_graphs("cpu") is None
+    assert TargetModel(eager_target().model, graphs=GraphReplayer(True, "model.cuda_graph")).sibling_graphs("cpu") \
+        is None  # graphs on a GPU, not for a drafter on a CPU
+    for arch, replays in (("llama", True), ("gemma3", False)):  # a sliding-window drafter runs eagerly, with a line
+        drafter_model = random_target("tiny", arch=arch, seed=1).model
+        monkeypatch.setattr(pipeline.models, "load_model", lambda cfg: (drafter_model, None))
+        caplog.clear()
+        drafter = build_drafter(DrafterConfig(kind="model", model=ModelConfig(name=arch, path="unused")), graphed)
+        assert (drafter.lm.graphs is not None) == replays
+        assert ("runs without CUDA graphs" in caplog.text) != replays
+    # end to end: SD with the llama drafter model, both replaying their forwards, gives AR's tokens (fp32, T=0)
+    llama = random_target("tiny", arch="llama", seed=1).model
+    monkeypatch.setattr(pipeline.models, "load_model", lambda cfg: (llama, None))
+    from decoding import method_configs
+    from decoding.methods.sd import SpeculativeDecoding
+
+    method = SpeculativeDecoding(method_configs()["sd"](),
+                                 drafter=DrafterConfig(kind="model", model=ModelConfig(name="llama", path="unused")))
+    method.setup(graphed)
+    assert [generate(method, graphed, p, max_new_tokens=NEW_TOKENS).new_tokens for p in prompts()] == ar_tokens()
+    assert method.drafter.lm.graphs.captures >= 1 and graphed.graphs.captures >= 1
 
 
 def test_a_target_the_static_forward_cannot_hold_is_one_config_error():
@@ -134,6 +193,14 @@ def test_a_target_the_static_forward_cannot_hold_is_one_config_error():
         TargetModel(gemma.model, graphs=emulated())
     with pytest.raises(ConfigError, match="kv_buffer=False"):
         TargetModel(eager_target().model, kv_buffer=False, graphs=emulated())
+    llama = random_target("tiny", arch="llama").model
+    llama.config.model_type = "granite"  # a family whose head scales its logits: not the static pass's
+    with pytest.raises(ConfigError, match="not of granite"):
+        TargetModel(llama, graphs=emulated())
+    llama.config.model_type = "llama"
+    llama.config.rope_parameters = {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}
+    with pytest.raises(ConfigError, match="dynamic RoPE"):
+        TargetModel(llama, graphs=emulated())
     # a layer subset (a drafter made of the target's layers) and a disabled replayer stay eager
     assert TargetModel(eager_target().model, layers=[0, 1], graphs=emulated()).graphs is None
     assert TargetModel(eager_target().model, graphs=GraphReplayer(False, "model.cuda_graph")).graphs is None
@@ -164,14 +231,16 @@ def test_the_captured_forward_reads_nothing_on_the_host(arch):
     tokens, positions = torch.zeros(3, dtype=torch.long, device="meta"), torch.arange(3, device="meta") + 20
     visible = torch.ones(3, 3, dtype=torch.bool, device="meta").tril()
     with torch.inference_mode():
-        for seen, last_only, taps in ((None, False, (1,)), (visible, True, ())):
-            block = StaticBlock(tokens, positions, seen, 20, buffer.capacity, target.dtype, columns, last_only)
+        for rows, seen, last_only, taps in ((3, None, False, (1,)), (3, visible, True, ()), (1, None, True, ())):
+            block = StaticBlock(tokens[:rows], positions[:rows], seen, 20, buffer.capacity, target.dtype, columns,
+                                last_only)
             logits, *hidden = target._static_pass(**block.inputs(), keys=buffer.keys, values=buffer.values, taps=taps)
-            assert logits.device.type == "meta" and logits.shape == (1 if last_only else 4, config.vocab_size)
-            assert [h.shape for h in hidden] == [(4, config.hidden_size)] * len(taps)
+            padded = static_forward.bucket(rows)
+            assert logits.device.type == "meta" and logits.shape == (1 if last_only else padded, config.vocab_size)
+            assert [h.shape for h in hidden] == [(padded, config.hidden_size)] * len(taps)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="a CUDA graph needs a GPU")
+@GPU
 def test_a_real_capture_on_a_gpu_equals_the_eager_forward():
     model = random_target("tiny", device="cuda").model
     eager, graphed = TargetModel(model), TargetModel(model, graphs=GraphReplayer(True, "model.cuda_graph"))
