@@ -206,6 +206,46 @@ def test_a_target_the_static_forward_cannot_hold_is_one_config_error():
     assert TargetModel(eager_target().model, graphs=GraphReplayer(False, "model.cuda_graph")).graphs is None
 
 
+def dispatched(fn) -> list:
+    """Every op `fn` dispatches, with its tensors' shapes and its other arguments: what a capture records."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Recorder(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            flat = torch.utils._pytree.tree_leaves((args, kwargs))
+            self.ops.append((str(func), tuple(tuple(a.shape) if isinstance(a, torch.Tensor) else a for a in flat)))
+            return func(*args, **kwargs)
+
+    with Recorder() as recorder:
+        fn()
+    return recorder.ops
+
+
+def test_the_captured_forward_is_the_same_program_at_every_prefix():
+    """A replay repeats the ops of the capture with their arguments: nothing the captured function does may
+    depend on the prefix length (a host value read at the capture would be frozen into the graph)."""
+    graphed = graphed_target()
+    programs = []
+    real = graphed._static_pass
+
+    def recorded(**kwargs):
+        programs.append(dispatched(lambda: real(**kwargs)))
+        return real(**kwargs)
+
+    graphed._static_pass = recorded
+    for prompt in (prompts()[0], prompts()[1][:11]):  # prefixes 23 and 10 (the last token is the first root)
+        graphed.prefill(prompt[:-1], rows_expected=64)
+        graphed.graphs.forget()  # capture at this prefix
+        graphed.forward([prompt[-1], 5, 6], [0, 1, 2], None, hidden_layers=(1,))
+    assert len(programs) == 4 and len(programs[0]) > 100  # emulation: one run at the capture, one per replay
+    assert programs[0] == programs[2]
+
+
 @pytest.mark.parametrize("arch", ["qwen3", "llama"])
 def test_the_captured_forward_reads_nothing_on_the_host(arch):
     """A CUDA graph cannot hold a host read of a device value (`.item()`, `bool(t)`, `nonzero`): run the
