@@ -168,6 +168,16 @@ def resolve_dtype(name: str, device_map: Optional[str] = None) -> torch.dtype:
     return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
 
 
+def target_model(model, tokenizer, cfg: ModelConfig):
+    """The engine's wrapper of a loaded target: its block forwards replayed from CUDA graphs where
+    `model.cuda_graph` asks for them and the model is on a GPU (decoding/engine/static_forward.py)."""
+    from decoding.engine import cuda_graph
+    from decoding.engine.target import TargetModel
+
+    device = next(model.parameters()).device
+    return TargetModel(model, tokenizer, graphs=cuda_graph.graphs_for(device, cfg.cuda_graph, "model.cuda_graph"))
+
+
 def load_model(cfg: ModelConfig):
     """Returns (model, tokenizer), model in eval mode."""
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -18,14 +18,13 @@ from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from decoding.drafting.dflash_drafter import forget_resolved
-from decoding.engine.cuda_graph import graphs_for
 from decoding.engine.loop import Method
 from decoding.engine.target import TargetModel
 from pipeline import provenance, table
 from pipeline.errors import named_line
 from pipeline.generation import (GenerationSettings, append_result, diagnose_mismatches, generate_example,
                                  read_results, run_examples, warm_up)
-from pipeline.models import load_model, stop_token_ids
+from pipeline.models import load_model, stop_token_ids, target_model
 from pipeline.progress import RunProgress
 from pipeline.report import summary_row
 from pipeline.schema import RunConfig
@@ -117,8 +116,7 @@ def run(cfg: DictConfig, run_dir: Path, show_progress: bool = True) -> dict:
     examples, data_origin = load_task(rc.task)
     examples = repeat_examples(examples, rc.repeats)
     model, tokenizer = load_model(rc.model)
-    target = TargetModel(model, tokenizer, graphs=graphs_for(next(model.parameters()).device, rc.model.cuda_graph,
-                                                             "model.cuda_graph"))
+    target = target_model(model, tokenizer, rc.model)
     settings = GenerationSettings(
         max_new_tokens=rc.max_new_tokens or rc.task.max_new_tokens, temperature=rc.temperature,
         seed=rc.seed, stop_ids=stop_token_ids(model, tokenizer), warmup=rc.warmup,

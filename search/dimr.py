@@ -217,11 +217,11 @@ def prepare(cfg) -> Context:
     import time
 
     from decoding.engine.target import TargetModel
-    from pipeline.models import load_model
+    from pipeline.models import load_model, target_model
 
     obj = cfg.objective
     model, tokenizer = load_model(cfg.model)
-    target = TargetModel(model, tokenizer)
+    target = target_model(model, tokenizer, cfg.model)  # model.cuda_graph as the runs have it
     L = target.num_layers
     if obj.skip > L - 2:
         raise ConfigError(f"objective.skip={obj.skip}: model {cfg.model.name} has only {L - 2} inner layers to skip")

@@ -147,13 +147,12 @@ def relative_cost(curve: dict[int, float], rows: int) -> float:
 def prepare(cfg) -> Context:
     from decoding.methods.ar import AR
     from decoding.engine.loop import generate
-    from decoding.engine.target import TargetModel
-    from pipeline.models import load_model, stop_token_ids
+    from pipeline.models import load_model, target_model, stop_token_ids
     from pipeline.tasks import build_chat
 
     obj = cfg.objective
     model, tokenizer = load_model(cfg.model)
-    target = TargetModel(model, tokenizer)
+    target = target_model(model, tokenizer, cfg.model)  # model.cuda_graph as the runs have it
     task_cfg, examples = calibration_examples(obj.task, obj.calibration_prompts, obj.calibration_seed)
     prompts = [build_chat(tokenizer, task_cfg, [(ex.turns[0], None)], cfg.model.chat_template_kwargs) for ex in examples]
     stops = stop_token_ids(model, tokenizer)

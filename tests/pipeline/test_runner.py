@@ -458,7 +458,7 @@ def test_the_provenance_names_the_drafter_folder_and_weights_a_job_loaded(tiny_m
 def test_model_cuda_graph_reaches_the_target_and_decodes_as_the_eager_job(tiny_model_dirs, tmp_path, monkeypatch):
     """model.cuda_graph=true, with the replay emulated as the CPU tests do (decoding/engine/static_forward.py):
     the job's target replays its forwards and gives the eager job's tokens; off CUDA the option does nothing."""
-    import pipeline.runner as runner
+    from decoding.engine import cuda_graph
     from decoding.engine.cuda_graph import GraphReplayer
 
     built = []
@@ -468,8 +468,8 @@ def test_model_cuda_graph_reaches_the_target_and_decodes_as_the_eager_job(tiny_m
         return built[-1]
 
     eager = run(job_config(tiny_model_dirs["llama"], tmp_path, "method=ptd"), tmp_path / "eager", show_progress=False)
-    assert runner.graphs_for("cpu", True, "model.cuda_graph").enabled is False  # a CPU: no graphs
-    monkeypatch.setattr(runner, "graphs_for", emulated)
+    assert cuda_graph.graphs_for("cpu", True, "model.cuda_graph").enabled is False  # a CPU: no graphs
+    monkeypatch.setattr(cuda_graph, "graphs_for", emulated)
     run(job_config(tiny_model_dirs["llama"], tmp_path, "method=ptd", "model.cuda_graph=true"), tmp_path / "graphed",
         show_progress=False)
     assert built[0].enabled and built[0].what == "model.cuda_graph" and built[0].captures >= 2  # AR and ptd buckets
