@@ -27,8 +27,10 @@ RoPE (it compares positions on the host), the shared KV buffer, the full model (
 
 Unverified on a GPU (this module was written on a machine without one, 2026-12-05): the CPU tests replay the
 graphs by emulation (the same static shapes, padding, slots and masks, run eagerly) and compare with the eager
-forward; what a real capture adds (a host read inside transformers' forward would break it, and host values
-read at capture would be frozen into it) only a GPU shows (benchmarks/gpu_smoke.py, `--graphed`).
+forward. Two things a real capture adds are checked without one: the captured function reads nothing on the
+host (it runs on the meta device, where such a read fails) and dispatches the same ops with the same arguments
+at every prefix (nothing frozen into a graph depends on it). The capture itself only a GPU shows
+(benchmarks/gpu_smoke.py, `--graphed`).
 """
 
 from __future__ import annotations

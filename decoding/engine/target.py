@@ -37,9 +37,9 @@ from decoding.engine.attention_layout import AttentionLayout
 from decoding.engine.cuda_graph import GraphReplayer
 from decoding.engine.kv_cache import BufferedLayer, KVBuffer, buffered_cache
 from decoding.engine.static_forward import StaticBlock
-from pipeline.errors import ConfigError
 from decoding.engine.transfer import to_device
 from decoding.engine.tree import TokenTree
+from pipeline.errors import ConfigError
 
 
 @dataclass
