@@ -116,6 +116,8 @@ def calibration_examples(task: str, count: int, seed: int):
 
 
 def forward_cost_curve(target, context_len: int, sizes=(1, 2, 4, 8, 16, 32, 64, 128), repeats: int = 3) -> dict:
+    from decoding.engine.transfer import synchronize
+
     vocab = target.config.vocab_size
     ctx = torch.randint(0, vocab, (context_len,), generator=torch.Generator().manual_seed(0)).tolist()
     target.prefill(ctx)
@@ -123,16 +125,23 @@ def forward_cost_curve(target, context_len: int, sizes=(1, 2, 4, 8, 16, 32, 64, 
     for n in sizes:
         times = []
         for _ in range(repeats + 1):
+            synchronize(target.device)
             t0 = time.perf_counter()
             target.forward(torch.randint(0, vocab, (n,)), torch.arange(n), torch.ones(n, n, dtype=torch.bool).tril())
+            synchronize(target.device)
             times.append(time.perf_counter() - t0)
             target.truncate(context_len)
         curve[n] = statistics.median(times[1:]) * 1000
     return curve
 
 
-def relative_cost(curve: dict[int, float], rows: int) -> float:
-    """Cost of a forward with `rows` rows over a one-row forward (linear between measured sizes)."""
+def relative_cost(curve: dict[int, float], rows: int, padded: bool = False) -> float:
+    """Cost of a forward with `rows` rows over a one-row forward (linear between measured sizes). `padded`: the
+    target replays CUDA graphs (model.cuda_graph), where a forward costs its power-of-two bucket's rows."""
+    if padded:
+        from decoding.engine.static_forward import MAX_ROWS, bucket
+
+        rows = bucket(rows) if rows <= MAX_ROWS else rows
     sizes = sorted(curve)
     if rows <= sizes[0]:
         return curve[sizes[0]] / curve[1]
@@ -206,7 +215,7 @@ def objective(trial, ctx: Context) -> float:
         accepted += state.stats.num_accepted_tokens
         rows += sum(row_counts)
         if ctx.cost_curve:
-            cost += sum(relative_cost(ctx.cost_curve, r) for r in row_counts)
+            cost += sum(relative_cost(ctx.cost_curve, r, ctx.target.graphs is not None) for r in row_counts)
         if ctx.ar_outputs:
             matches.append(state.new_tokens == ctx.ar_outputs[i])
         if obj.metric == "speedup":

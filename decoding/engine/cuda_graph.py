@@ -122,16 +122,19 @@ class GraphReplayer:
     def __init__(self, enabled: bool, what: str, emulate: bool = False):
         self.enabled, self.what, self.emulate = enabled, what, emulate
         self.graphs: dict[str, StaticGraph] = {}
-        self._captures_of: dict[str, int] = {}  # per name: a name captured again and again is a bug worth a line
+        self._captures_of: dict[str, int] = {}  # per name since `forget`: one captured again and again is a bug
+        self._captures = 0
 
     def forget(self) -> None:
-        """Drop every graph (they read tensors that are being replaced); the capture counts stay."""
+        """Drop every graph (they read tensors that are being replaced): each is captured anew on its next use,
+        which the warning of repeated captures does not count against it (`captures` does)."""
         self.graphs.clear()
+        self._captures_of.clear()
 
     @property
     def captures(self) -> int:
         """Graphs captured so far, every name together."""
-        return sum(self._captures_of.values())
+        return self._captures
 
     def __call__(self, name: str, fn: Callable, inputs: dict, constants: dict):
         if not self.enabled:
@@ -146,6 +149,7 @@ class GraphReplayer:
                 raise ConfigError(f"{self.what}=true: the CUDA graph of {name} could not be captured ({error}); "
                                   f"set {self.what}=false") from error
             self._captures_of[name] = self._captures_of.get(name, 0) + 1
+            self._captures += 1
             if self._captures_of[name] == RECAPTURE_WARNING:
                 log.warning("%s: CUDA graph captured %d times: its inputs' shapes or its weights change between "
                             "calls, so every capture costs a sync and buys nothing", name, RECAPTURE_WARNING)

@@ -60,7 +60,8 @@ def check_static(model, layout, devices: set, kv_buffer: bool) -> str | None:
         return (f"the static pass calls the decoder stack and the LM head of {', '.join(STATIC_FAMILIES)} models, "
                 f"not of {config.model_type}")
     rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
-    if isinstance(rope, dict) and rope.get("rope_type", rope.get("type")) == "dynamic":
+    built = getattr(getattr(model.model, "rotary_emb", None), "rope_type", None)  # what the model runs with
+    if "dynamic" in (built, rope.get("rope_type", rope.get("type")) if isinstance(rope, dict) else None):
         return "its dynamic RoPE compares positions on the host"
     if len(devices) > 1:
         return "its layers are spread over several devices (device_map)"

@@ -111,6 +111,7 @@ class TargetModel:
         self.graphs = graphs if graphs is not None and graphs.enabled and self.is_full and exit_head is None else None
         self._static_buffer: KVBuffer | None = None  # the graphs' KV buffer, kept from prompt to prompt
         self._columns: torch.Tensor | None = None  # arange(capacity) on the device: slots and row picks
+        self._graphed_generation: int | None = None  # the buffer allocation the graphs read
         if self.graphs is not None:
             why = static_forward.check_static(model, self.layout, set(self._layer_devices.values()), kv_buffer)
             if why:
@@ -131,8 +132,9 @@ class TargetModel:
         """A new, empty cache; `rows_expected` (the prompt plus the tokens to generate) sizes its KV buffer,
         which otherwise grows by half when full (a copy, during which old and new buffers coexist)."""
         if self.graphs is not None:  # one buffer for every prompt: the graphs read its tensors
-            if self._static_buffer is None or self._static_buffer.capacity < rows_expected:
+            if self._static_buffer is None or self._static_buffer.capacity < rows_expected + static_forward.MAX_ROWS:
                 self.graphs.forget()  # they hold the old buffer's tensors
+                self._graphed_generation = None
                 slots = len([i for i in self.layers if i in self._full_layers])
                 self._static_buffer = KVBuffer(slots, static_forward.capacity_for(rows_expected), zeroed=True)
             self.cache, self._buffered = buffered_cache(self.config, self.layers, self._full_layers,
@@ -288,10 +290,10 @@ class TargetModel:
         """The block through the graph of its bucket (decoding/engine/static_forward.py); outputs cloned."""
         buffer = self._static_buffer
         rows = static_forward.bucket(len(tokens))
-        generation = buffer.generation
         buffer.reserve(buffer.keys[0], buffer.values[0], prefix + rows)
-        if buffer.generation != generation:  # grown: new tensors, so every graph is captured again
-            self.graphs.forget()
+        if buffer.generation != self._graphed_generation:  # grown (here or by an eager write): new tensors
+            self.graphs.forget()  # every graph is captured again, none keeps the old buffer alive
+            self._graphed_generation = buffer.generation
         if self._columns is None or len(self._columns) != buffer.capacity:
             self._columns = torch.arange(buffer.capacity, device=self.device)
         for layer in self._buffered:  # a prompt of one token has no prefill: its layers start here, on the host

@@ -100,16 +100,42 @@ def test_outputs_are_copies_the_next_replay_does_not_overwrite():
     assert torch.equal(first.logits, kept[0]) and torch.equal(first.hidden[2], kept[1])
 
 
-def test_graphs_are_captured_once_across_prompts_and_again_when_the_buffer_grows():
+def test_graphs_are_captured_once_across_prompts_and_dropped_when_the_buffer_is_replaced():
     graphed = graphed_target()
     for prompt in prompts():
         assert generate(AR(), graphed, prompt, max_new_tokens=NEW_TOKENS).new_tokens == ar_tokens()[prompts().index(prompt)]
     assert graphed.graphs.captures == 1  # AR: one row per step, every prompt, one buffer
+    graphed.forward([5, 6], [0, 1], None, hidden_layers=(1,))  # a second graph, on the same buffer
+    assert sorted(graphed.graphs.graphs) == ["target:1", "target:2:taps[1]"]
     keys = graphed._static_buffer.keys
-    long_prompt = (prompts()[1] * 120)[:2100]  # beyond the buffer's 2048 rows
+    long_prompt = (prompts()[1] * 120)[:2100]  # beyond the buffer's 2048 rows: a new buffer
     generate(AR(), graphed, long_prompt, max_new_tokens=4)
-    assert graphed._static_buffer.keys is not keys and graphed.graphs.captures == 2
-    assert all(g.constants["keys"] is graphed._static_buffer.keys for g in graphed.graphs.graphs.values())
+    assert graphed._static_buffer.keys is not keys and graphed.graphs.captures == 3
+    assert list(graphed.graphs.graphs) == ["target:1"]  # the taps' graph, which read the old buffer, is gone
+
+
+def test_a_buffer_grown_mid_answer_drops_the_graphs_and_decodes_on(monkeypatch):
+    """A block past the buffer's room (here: no headroom, room for 8 rows, steps of 64) grows it inside
+    `_run_static`: the graphs are dropped, and the forwards go on as the eager ones."""
+    from decoding.engine import kv_cache
+
+    monkeypatch.setattr(static_forward, "MAX_ROWS", 8)
+    monkeypatch.setattr(static_forward, "CAPACITY_STEP", 64)
+    monkeypatch.setattr(kv_cache, "HEADROOM", 0)
+    graphed, eager = graphed_target(), eager_target()
+    prompt = prompts()[0]
+    for target in (graphed, eager):
+        target.prefill(prompt[:-1], rows_expected=len(prompt))
+    assert graphed._static_buffer.capacity == 64  # 24 rows expected + 8, in steps of 64
+    graphed.forward([5, 6], [0, 1], None, hidden_layers=(1,))
+    graphed.keep_rows(len(prompt) - 1, [])
+    old = graphed._static_buffer.keys
+    for _ in range(6):  # 8-row blocks, each kept: the sixth starts at 63, past the 64 rows
+        expected = eager.forward(list(range(10, 18)), list(range(8)), None)
+        got = graphed.forward(list(range(10, 18)), list(range(8)), None)
+        torch.testing.assert_close(got.logits, expected.logits, **CLOSE)
+    assert graphed._static_buffer.keys is not old and graphed._static_buffer.capacity > 64
+    assert list(graphed.graphs.graphs) == ["target:8"] and graphed.cache_len == eager.cache_len == 23 + 48
 
 
 def test_the_captured_function_changes_no_host_state_and_a_one_token_prompt_starts_its_layers_on_the_host():
@@ -120,10 +146,14 @@ def test_the_captured_function_changes_no_host_state_and_a_one_token_prompt_star
     states = []
     real = graphed._static_pass
 
+    def host_state():
+        return [(layer.length, layer.is_initialized, layer.buffer, layer.slot, layer.buffer.generation)
+                for layer in graphed._buffered]
+
     def watched(**kwargs):
-        before = [(layer.length, layer.is_initialized) for layer in graphed._buffered]
+        before = host_state()
         out = real(**kwargs)
-        states.append(before == [(layer.length, layer.is_initialized) for layer in graphed._buffered])
+        states.append(before == host_state())
         return out
 
     graphed._static_pass = watched
@@ -191,6 +221,9 @@ def test_a_target_the_static_forward_cannot_hold_is_one_config_error():
     gemma = random_target("tiny", arch="gemma3")
     with pytest.raises(ConfigError, match=r"model.cuda_graph=true: gemma3_text cannot be replayed .*sliding-window"):
         TargetModel(gemma.model, graphs=emulated())
+    mistral = random_target("tiny", arch="mistral")  # an allowed family, with a window
+    with pytest.raises(ConfigError, match="sliding-window"):
+        TargetModel(mistral.model, graphs=emulated())
     with pytest.raises(ConfigError, match="kv_buffer=False"):
         TargetModel(eager_target().model, kv_buffer=False, graphs=emulated())
     llama = random_target("tiny", arch="llama").model
@@ -198,12 +231,20 @@ def test_a_target_the_static_forward_cannot_hold_is_one_config_error():
     with pytest.raises(ConfigError, match="not of granite"):
         TargetModel(llama, graphs=emulated())
     llama.config.model_type = "llama"
-    llama.config.rope_parameters = {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}
+    llama.model.rotary_emb.rope_type = "dynamic"  # what the model was built with, whatever its config says
     with pytest.raises(ConfigError, match="dynamic RoPE"):
         TargetModel(llama, graphs=emulated())
     # a layer subset (a drafter made of the target's layers) and a disabled replayer stay eager
     assert TargetModel(eager_target().model, layers=[0, 1], graphs=emulated()).graphs is None
     assert TargetModel(eager_target().model, graphs=GraphReplayer(False, "model.cuda_graph")).graphs is None
+
+
+def described(a):
+    """A tensor by its shape, and a scalar tensor by its value too (where a host number, e.g. the prefix length,
+    would hide); the block's inputs are not scalars, and their values rightly change from call to call."""
+    if not isinstance(a, torch.Tensor):
+        return a
+    return (tuple(a.shape), a.item() if a.dim() == 0 else None)
 
 
 def dispatched(fn) -> list:
@@ -218,7 +259,7 @@ def dispatched(fn) -> list:
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             flat = torch.utils._pytree.tree_leaves((args, kwargs))
-            self.ops.append((str(func), tuple(tuple(a.shape) if isinstance(a, torch.Tensor) else a for a in flat)))
+            self.ops.append((str(func), tuple(described(a) for a in flat)))
             return func(*args, **kwargs)
 
     with Recorder() as recorder:
