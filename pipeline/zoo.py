@@ -246,14 +246,16 @@ class ForwardTimer:
         return timed
 
     def _passes(self) -> list[tuple[type, str]]:
-        """The network passes: the target's forward (eager, or a static one's graph replay), the block drafter's pass and its lm_head, the
-        EAGLE-3 drafter's layer, its feature fc (`extend`) and its head (`logits`)."""
+        """The network passes: the target's forward (eager, or a static one's graph replay), the block
+        drafter's pass and its lm_head, the EAGLE-3 drafter's layer, its feature fc (`extend`) and its head
+        (`logits`)."""
         from decoding.drafting.dflash_drafter import DFlashDrafter
         from decoding.drafting.eagle3_drafter import Eagle3Drafter
         from decoding.methods.block_draft import BlockDraftMethod
 
-        return [(TargetModel, "_run"), (TargetModel, "_replay"), (DFlashDrafter, "forward"), (BlockDraftMethod, "head_logits"),
-                (Eagle3Drafter, "step"), (Eagle3Drafter, "extend"), (Eagle3Drafter, "logits")]
+        return [(TargetModel, "_run"), (TargetModel, "_replay"), (DFlashDrafter, "forward"),
+                (BlockDraftMethod, "head_logits"), (Eagle3Drafter, "step"), (Eagle3Drafter, "extend"),
+                (Eagle3Drafter, "logits")]
 
     def __enter__(self) -> "ForwardTimer":
         self._saved = [(owner, name, owner.__dict__[name]) for owner, name in self._passes()]

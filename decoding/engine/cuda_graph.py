@@ -156,9 +156,10 @@ class GraphReplayer:
         return graph(inputs)
 
 
-def graphs_for(device: torch.device, enabled: bool, what: str) -> GraphReplayer:
-    """A method's replayer: graphs where `enabled` and `device` is a GPU, else every call eager."""
-    return GraphReplayer(enabled and torch.device(device).type == "cuda", what)
+def graphs_for(device: torch.device, enabled: bool, what: str, emulate: bool = False) -> GraphReplayer:
+    """A method's replayer: graphs where `enabled` and `device` is a GPU (any device with `emulate`), else
+    every call eager."""
+    return GraphReplayer(enabled and (emulate or torch.device(device).type == "cuda"), what, emulate)
 
 
 def _same_constant(a, b) -> bool:

@@ -180,7 +180,8 @@ class BufferedLayer(DynamicLayer):
 
 
 def buffered_cache(config, layers: tuple[int, ...], full_layers: set[int], devices: dict | None = None,
-                   min_capacity: int | None = None, reuse: KVBuffer | None = None) -> tuple[DynamicCache, list[BufferedLayer]]:
+                   min_capacity: int | None = None,
+                   reuse: KVBuffer | None = None) -> tuple[DynamicCache, list[BufferedLayer]]:
     """transformers' DynamicCache for `config`, whose full-attention layers among `layers` share one
     KVBuffer per device (`devices`: layer -> the device its weights are on, under a device_map; the
     others, and layers this wrapper never runs, stay as transformers makes them). `min_capacity`:

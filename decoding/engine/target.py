@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from decoding.engine import attention_layout, kv_cache, static_forward
+from decoding.engine import attention_layout, cuda_graph, kv_cache, static_forward
 from decoding.engine.attention_layout import AttentionLayout
 from decoding.engine.cuda_graph import GraphReplayer
 from decoding.engine.kv_cache import BufferedLayer, KVBuffer, buffered_cache
@@ -123,8 +123,7 @@ class TargetModel:
         (no graphs here, or a device without them)."""
         if self.graphs is None:
             return None
-        graphs = GraphReplayer(self.graphs.emulate or torch.device(device).type == "cuda", self.graphs.what,
-                               self.graphs.emulate)
+        graphs = cuda_graph.graphs_for(device, True, self.graphs.what, self.graphs.emulate)
         return graphs if graphs.enabled else None
 
     # ------------------------------------------------------------------ cache

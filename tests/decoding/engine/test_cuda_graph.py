@@ -90,6 +90,9 @@ def test_graphs_are_used_on_a_gpu_only_and_where_enabled():
     assert not cuda_graph.graphs_for(torch.device("cpu"), True, "method.cuda_graph").enabled
     assert not cuda_graph.graphs_for(torch.device("cuda"), False, "method.cuda_graph").enabled
     assert cuda_graph.graphs_for(torch.device("cuda"), True, "method.cuda_graph").enabled  # no GPU needed to ask
+    emulated = cuda_graph.graphs_for(torch.device("cpu"), True, "model.cuda_graph", emulate=True)  # the CPU tests'
+    assert emulated.enabled and emulated.emulate
+    assert not cuda_graph.graphs_for(torch.device("cpu"), False, "model.cuda_graph", emulate=True).enabled
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="a CUDA graph needs a GPU")

@@ -102,8 +102,8 @@ def test_outputs_are_copies_the_next_replay_does_not_overwrite():
 
 def test_graphs_are_captured_once_across_prompts_and_dropped_when_the_buffer_is_replaced():
     graphed = graphed_target()
-    for prompt in prompts():
-        assert generate(AR(), graphed, prompt, max_new_tokens=NEW_TOKENS).new_tokens == ar_tokens()[prompts().index(prompt)]
+    for prompt, tokens in zip(prompts(), ar_tokens()):
+        assert generate(AR(), graphed, prompt, max_new_tokens=NEW_TOKENS).new_tokens == tokens
     assert graphed.graphs.captures == 1  # AR: one row per step, every prompt, one buffer
     graphed.forward([5, 6], [0, 1], None, hidden_layers=(1,))  # a second graph, on the same buffer
     assert sorted(graphed.graphs.graphs) == ["target:1", "target:2:taps[1]"]
