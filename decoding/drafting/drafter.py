@@ -120,7 +120,8 @@ class Drafter:
         separate model is a middle verifier); the drafts' KV is dropped again."""
         feed = self._catch_up(sequence)
         n_new = len(feed) - 1
-        out = self.lm.forward(torch.tensor(feed + drafts), torch.arange(len(feed) + len(drafts)), None)
+        rows = feed + drafts  # host lists: one packed host->device copy (two CPU tensors were two copies)
+        out = self.lm.forward(rows, list(range(len(rows))), None)
         self.cached.extend(feed)
         self.lm.truncate(len(self.cached))
         return out.logits[n_new:]
