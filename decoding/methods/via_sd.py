@@ -4,18 +4,22 @@ the reconstruction in research/viasd.md §1, marked [R] where a choice is ours).
 A slim verifier q' = q_z (the target with the layers of a routing mask z skipped, found offline by
 the DIMR search; shared weights, no extra memory) sits between the drafter p and the target q.
 Per drafted block x_1..x_γ, one slim pass scores all drafts, then each position in order goes to
-the cheapest tier that can settle it:
-  1. direct acceptance: p and q' agree with high confidence (both pick x, and min(p(x), q'(x)) >= τ_agree;
-     or TV / KL(p || q') <= τ_agree) -> x is kept;
-  2. slim verification: q' is confident (max q' >= τ_slim) -> speculative step of x against q'
-     (min(1, q'(x)/p(x)); greedy: x == argmax q'); on rejection q' regenerates the token
-     (norm(max(0, q' - p)) or argmax q') and the block ends;
-  3. escalation: the full verifier q verifies x_i..x_γ in one forward (the engine's lossless SD step).
-If every draft is settled by tiers 1-2, the bonus token comes from q' at position γ+1 [R].
-Tokens settled by tiers 1-2 have no full-model KV: the next full pass re-runs them first (the
-engine's pending-token catch-up), so the target's cache always equals a fresh prefill.
-Lossy (tiers 1-2 do not sample from q). Thresholds above 1 (confidence) disable a tier: then every
-token escalates and the method reproduces `sd` token for token.
+the cheapest zone that can settle it. `zones=note` (default), the note's three-zone step:
+  A. q' accepts x by the speculative test against q' (x == argmax q' at T = 0; u < min(1, q'(x)/p(x)))
+     -> x is kept ("direct");
+  B. else, if q' is confident (max q' >= τ_slim), q' regenerates the token (argmax q', or a draw from
+     norm(max(0, q' - p))) and the block ends ("slim"); so wherever zone B is open the token is
+     distributed exactly as q' (speculative sampling against q');
+  C. else the full verifier q verifies x_i..x_γ in one forward (the engine's lossless SD step).
+`zones=gated` [R], the reconstruction used before 2026-12-05 (its tables say so): zone A's test runs only
+where q' is confident, and a tier before it keeps x without a test when p and q' agree with high
+confidence (both pick x and min(p(x), q'(x)) >= τ_agree; or TV / KL(p || q') <= τ_agree). At T > 0 that
+tier keeps x with probability 1 where the test would keep it with q'(x)/p(x), so its tokens are not
+distributed as q'; with thresholds above 1 every token escalates and it reproduces `sd` token for token.
+If every draft is settled without q, the bonus token comes from q' at position γ+1 [R].
+Tokens settled without q have no full-model KV: the next full pass re-runs them first (the engine's
+pending-token catch-up), so the target's cache always equals a fresh prefill.
+Lossy (zones A-B do not sample from q).
 Ablations: `middle=random` (random mask with the same skip count), `middle=model` (an independent
 smaller model as the middle tier)."""
 
@@ -46,12 +50,14 @@ class VIASDConfig:
     middle: str = "slim"  # slim (the paper's routed q_z) | random (ablation: random z, same skip count) | model
     random_seed: int = 0  # middle=random: seed of the random mask
     middle_model: Optional[ModelConfig] = None  # middle=model: an independent smaller model (ablation)
-    agreement: str = "confidence"  # tier 1 test [R]: confidence (min(p(x), q'(x)) >= τ) | tv | kl (distance <= τ)
-    agree_threshold: float = 0.7  # τ_agree [R: the paper's three-zone thresholds are not public]
+    zones: str = "note"  # note: research/viasd.md's three-zone step | gated: the earlier reconstruction [R]
+    agreement: str = "confidence"  # zones=gated, its untested tier [R]: confidence (min(p(x), q'(x)) >= τ) | tv | kl (distance <= τ)
+    agree_threshold: float = 0.7  # τ_agree, zones=gated [R: the paper's three-zone thresholds are not public]
     slim_threshold: float = 0.5  # τ_slim: q' settles the token when max q' >= τ_slim [R]
 
     def __post_init__(self) -> None:
         check_choice("method.middle", self.middle, ("slim", "random", "model"))
+        check_choice("method.zones", self.zones, ("note", "gated"))
         check_choice("method.agreement", self.agreement, ("confidence", "tv", "kl"))
         check_range("method.agree_threshold", self.agree_threshold, 0.0)
         check_range("method.slim_threshold", self.slim_threshold, 0.0)
@@ -101,11 +107,11 @@ class VIASD(Method):
         return forward_proposal(state.target, Proposal(chain), state.pending, active_layers=self.slim_layers).logits
 
     def plan(self, state: DecodeState, drafts: list[int], p: torch.Tensor, s: torch.Tensor) -> dict[str, list]:
-        """Every position's tier decision at once on the device, read back with one host copy:
-        p [γ, V] drafter, s [γ + 1, V] slim verifier q'. Per position i (draft x):
-        direct: q' picks x and the agreement test passes; slim: q' is confident (max q' >= τ_slim),
-        then `slim_ok` (x == argmax q', or u < q'(x)/p(x)) and otherwise the regenerated token
-        (argmax q', or a draw from norm(max(0, q' - p))); `bonus`: q''s token after the last draft."""
+        """Every position's zone at once on the device, read back with one host copy: p [γ, V] drafter,
+        s [γ + 1, V] slim verifier q'. Per position i (draft x): `keep` (x is kept without q; `direct`
+        says whether it was kept untested, zones=gated's first tier), else `regenerate` (q' is confident:
+        its token `regen` ends the block), else the full verifier takes over; `bonus`: q''s token after
+        the last draft. The test against q' is x == argmax q' at T = 0 and u < min(1, q'(x)/p(x))."""
         cfg, sampler = self.config, state.sampler.stream("via_sd").for_device(s.device)
         p = p.to(s.device)
         gamma = len(drafts)
@@ -114,26 +120,34 @@ class VIASD(Method):
         px, sx = p.gather(1, x)[:, 0], s_drafts.gather(1, x)[:, 0]
         s_top = s.argmax(-1)
         picks_x = s_top[:gamma] == x[:, 0]
-        if cfg.agreement == "confidence":
-            agree = torch.minimum(px, sx) >= cfg.agree_threshold
-        elif cfg.agreement == "tv":
-            agree = (p - s_drafts).clamp_min(0).sum(-1) <= cfg.agree_threshold
-        else:
-            agree = (p * (p.clamp_min(1e-12).log() - s_drafts.clamp_min(1e-12).log())).sum(-1) <= cfg.agree_threshold
-        direct = picks_x & agree
-        slim = ~direct & (s_drafts.amax(-1) >= cfg.slim_threshold)  # amax: ~9x cheaper than max().values on a CPU
+        confident = s_drafts.amax(-1) >= cfg.slim_threshold  # amax: ~9x cheaper than max().values on a CPU
         if state.greedy:
-            slim_ok, regen, bonus = picks_x, s_top[:gamma], s_top[gamma:]
+            passes, regen, bonus = picks_x, s_top[:gamma], s_top[gamma:]
         else:
-            slim_ok = sampler.uniform(gamma) * px.clamp_min(1e-30) < sx  # u < min(1, q'(x) / p(x))
+            passes = sampler.uniform(gamma) * px.clamp_min(1e-30) < sx  # u < min(1, q'(x) / p(x))
             residual = (s_drafts - p).clamp_min(0)
             has_residual = residual.sum(-1) > 1e-12
             # the regenerated tokens and the bonus in one call (on a CPU the same uniforms, in order, as two)
             drawn = sampler.categorical(torch.cat([torch.where(has_residual[:, None], residual, s_drafts), s[gamma:]]))
             regen = torch.where(has_residual, drawn[:gamma], s_top[:gamma])
             bonus = drawn[gamma:]
-        names = ("direct", "slim", "slim_ok", "regen", "bonus")
-        return dict(zip(names, to_host(direct, slim, slim_ok, regen, bonus)))
+        if cfg.zones == "note":
+            direct = torch.zeros_like(passes)
+            keep, regenerate = passes, ~passes & confident
+        else:
+            direct = picks_x & self._agree(p, s_drafts, px, sx)
+            keep, regenerate = direct | (confident & passes), ~direct & confident & ~passes
+        names = ("keep", "direct", "regenerate", "regen", "bonus")
+        return dict(zip(names, to_host(keep, direct, regenerate, regen, bonus)))
+
+    def _agree(self, p, s_drafts, px, sx) -> torch.Tensor:
+        """zones=gated's untested tier: p and q' agree with high confidence."""
+        cfg = self.config
+        if cfg.agreement == "confidence":
+            return torch.minimum(px, sx) >= cfg.agree_threshold
+        if cfg.agreement == "tv":
+            return (p - s_drafts).clamp_min(0).sum(-1) <= cfg.agree_threshold
+        return (p * (p.clamp_min(1e-12).log() - s_drafts.clamp_min(1e-12).log())).sum(-1) <= cfg.agree_threshold
 
     def step(self, state: DecodeState) -> None:
         t0 = time.perf_counter()
@@ -148,17 +162,14 @@ class VIASD(Method):
         settled: list[int] = []  # drafts kept by tiers 1-2
         tiers: list[str] = []  # which of the two kept each of them
         for i, x in enumerate(drafts):
-            if plan["direct"][i]:
+            if plan["keep"][i]:
                 settled.append(x)
-                tiers.append(DIRECT)
-            elif plan["slim"][i] and plan["slim_ok"][i]:
-                settled.append(x)
-                tiers.append(SLIM)
-            elif plan["slim"][i]:  # q' rejects x: its own token ends the block
-                return self._finish(state, settled, tiers, plan["regen"][i], t0, t1)
+                tiers.append(DIRECT if plan["direct"][i] or self.config.zones == "note" else SLIM)
+            elif plan["regenerate"][i]:  # q' rejects x and is confident: its own token ends the block
+                return self._finish(state, len(drafts), settled, tiers, plan["regen"][i], t0, t1)
             else:
                 return self._escalate(state, drafts, p, i, settled, tiers, t0, t1)
-        return self._finish(state, settled, tiers, plan["bonus"][0], t0, t1)
+        return self._finish(state, len(drafts), settled, tiers, plan["bonus"][0], t0, t1)
 
     def finish(self, state: DecodeState) -> None:
         self.drafter.record(state.stats)  # a middle model's passes are `middle_forwards`, one per block
@@ -168,11 +179,11 @@ class VIASD(Method):
         for tier in tiers[:n_committed]:
             state.stats.add_extra(f"settled_{tier}", 1)
 
-    def _finish(self, state, settled, tiers, last, t0, t1) -> None:
+    def _finish(self, state, drafted, settled, tiers, last, t0, t1) -> None:
         """The block ends without the full model: drafts kept by tiers 1-2 plus q's token."""
         committed = commit(state, settled + [last])
         self._count_tiers(state, tiers + [SLIM], len(committed))
-        state.stats.record_step(num_draft_tokens=self.gamma, num_accepted=min(len(settled), len(committed)),
+        state.stats.record_step(num_draft_tokens=drafted, num_accepted=min(len(settled), len(committed)),
                                 accepted_depths=list(range(1, min(len(settled), len(committed)) + 1)))
         state.stats.add_time(draft=t1 - t0, verify=time.perf_counter() - t1)
 
@@ -190,7 +201,8 @@ class VIASD(Method):
             accepted += result.verdict.num_accepted
             state.stats.add_extra("settled_full", len(result.committed))
         state.stats.add_extra("escalations", 1)
-        state.stats.record_step(num_draft_tokens=self.gamma, num_accepted=accepted,
+        # an empty draft (a feature drafter before its first row) drafted nothing: no phantom rejections
+        state.stats.record_step(num_draft_tokens=len(drafts), num_accepted=accepted,
                                 accepted_depths=list(range(1, accepted + 1)))
         state.stats.add_time(draft=t1 - t0, verify=time.perf_counter() - t1)
 

@@ -132,7 +132,8 @@ def test_via_sd_with_eagle3_forced_to_the_full_verifier_is_sd(tiny_target, tmp_p
     """VIA-SD's separate drafter can be EAGLE-3; with tiers 1-2 off it is sd with that drafter."""
     from decoding.methods.sd import SDConfig, SpeculativeDecoding
 
-    via, drafter = via_sd_with_eagle3(tiny_target, tmp_path, agree_threshold=2.0, slim_threshold=2.0)
+    via, drafter = via_sd_with_eagle3(tiny_target, tmp_path, zones="gated", agree_threshold=2.0,
+                                      slim_threshold=2.0)
     sd = SpeculativeDecoding(SDConfig(), drafter=drafter)
     sd.setup(tiny_target)
     for seed in range(2):
