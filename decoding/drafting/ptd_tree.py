@@ -11,7 +11,8 @@ ancestors only (tree mask, position = depth). Per forward:
 
 `TriePool`: root token -> trie of continuations with a recency stamp per node; `merge` is a
 recursive union of subtrees that share a root token (idempotent), `evict` keeps at most `cap`
-branches (leaves) per root, dropping the least recently refreshed first.
+branches (leaves) per root, dropping the least recently refreshed first (a branch whose prefix was
+refreshed later than its leaf loses only its stale tail).
 """
 
 from __future__ import annotations
@@ -98,8 +99,9 @@ class DraftForest:
                 return
             self.retire(deep)
 
-    def retire(self, tops: set[int]) -> None:
-        """Drop the given top nodes, keeping only each one's earliest-added child subtree."""
+    def retire(self, tops: set[int]) -> dict[int, int]:
+        """Drop the given top nodes, keeping only each one's earliest-added child subtree. Returns the
+        old -> new index of every kept node."""
         keep = [True] * len(self.nodes)
         promoted = set()
         for t in tops:
@@ -112,7 +114,7 @@ class DraftForest:
         for i, n in enumerate(self.nodes):  # parents precede children: one pass drops whole branches
             if n.parent >= 0 and not keep[n.parent]:
                 keep[i] = keep[i] and n.parent in tops and i in promoted
-        self._compact(keep, promoted)
+        return self._compact(keep, promoted)
 
     def drop(self, tops: set[int]) -> None:
         """Remove whole subtrees (their continuations already live in the pool)."""
@@ -127,7 +129,7 @@ class DraftForest:
             top[i] = i if n.parent < 0 else top[n.parent]
         return top
 
-    def _compact(self, keep: list[bool], promoted: set[int]) -> None:
+    def _compact(self, keep: list[bool], promoted: set[int]) -> dict[int, int]:
         remap: dict[int, int] = {}
         nodes: list[DraftNode] = []
         for i, n in enumerate(self.nodes):
@@ -140,6 +142,7 @@ class DraftForest:
             if n.parent >= 0:
                 nodes[n.parent].children.append(i)
         self.nodes = nodes
+        return remap
 
     def subtree(self, i: int) -> dict:
         """The continuations below node i as a nested {token: {...}} trie."""
@@ -245,10 +248,21 @@ class TriePool:
         return out
 
     def evict(self, root: int) -> None:
+        """Down to `cap` branches, the stalest leaf first. A branch whose prefix was refreshed after its
+        leaf (a merge or a recycled row confirmed the prefix again) loses only the stale tail below its
+        most recently refreshed node, which then competes as a branch of its own."""
+        trie = self.roots[root]
         branches = self.branches(root)
-        for _, tokens in branches[self.cap:]:
-            self._remove(self.roots[root], tokens)  # a removed branch takes its now-empty chain along
-        self.leaves[root] = min(len(branches), self.cap)
+        while len(branches) > self.cap:
+            stamp, tokens = branches.pop()
+            path = [trie]
+            for tok in tokens[:-1]:
+                path.append(path[-1]["kids"][tok])
+            cut = max((i for i in range(1, len(path)) if path[i]["stamp"] > stamp), default=0)
+            self._remove(path[cut], tokens[cut:])  # a removed tail takes its now-empty chain along
+            if cut and not path[cut]["kids"]:  # the refreshed prefix is a leaf now: rank it again
+                branches = self.branches(root)
+        self.leaves[root] = len(branches)
 
     def _remove(self, node: dict, tokens: list[int]) -> None:
         child = node["kids"][tokens[0]]

@@ -22,7 +22,8 @@ One step, one forward:
    part of the tree this forward grew), and with `context_subtrees` the committed text's
    continuations (context-derived subtrees);
 5. prune: the depth window slides every subtree deeper than `depth` (keep the earliest-added
-   child, drop the older branches); a full forest that could not grow retires its oldest subtree.
+   child, drop the older branches). A full forest retires its oldest subtree before it expands, so
+   every forward grows it.
 Verification is the engine's tree acceptance (greedy: follow the argmax child; sampling:
 deterministic children tried in order, lossless), so output is exactly the target's.
 """
@@ -57,8 +58,9 @@ class PTDConfig:
     pool_size: int = 8  # issue #3 "pool size per root": branches kept per root token (LRU)
     verification_budget: int = 32  # issue #3 "verification budget": candidate nodes per forward
     drafting_budget: int = 8  # issue #3 "drafting budget": draft-forest nodes per forward
-    # Context-derived subtrees (issue #3 "context-derived", beyond seeds): the committed text's
-    # continuation of every token (its next `depth` tokens) is merged into the pool under that token.
+    # Context subtrees, an extension of ours (off in ptd_forest; the paper's "context-derived" are seeds:
+    # seed_mode=context): the committed text's continuation of every token (its next `depth` tokens) is
+    # merged into the pool under that token.
     context_subtrees: bool = True
     # The verification tree is part of the grown tree: its rows' top-`width` next tokens are
     # extracted and merged into the pool under their node's token, like the forest's leaves.
@@ -157,14 +159,17 @@ class PTD(Method):
             children = (n for n in forest.nodes if n.parent >= 0)
             for n, logp in zip(children, edge_logp):  # refresh each edge's probability under the new root
                 n.logp = logp
-            added = forest.expand(proposals, cfg.width, cfg.drafting_budget, self.steps)
+            if len(forest) >= cfg.drafting_budget:
+                # a full forest retires its oldest subtree first, so that this forward's rows still grow it
+                # (retiring after a forward that could not grow left every other forward's proposals unused)
+                kept = forest.retire({min(forest.tops(), key=lambda t: forest.nodes[t].birth)})
+                proposals = {kept[leaf]: options for leaf, options in proposals.items() if leaf in kept}
+            forest.expand(proposals, cfg.width, cfg.drafting_budget, self.steps)
             for i, n in enumerate(forest.nodes):  # extract: continuations of every node's token
                 if n.children:
                     self.pool.merge(n.token, forest.subtree(i), self.steps)
             drafted += forest.edges()
             forest.slide(cfg.depth)
-            if added == 0 and len(forest) >= cfg.drafting_budget:
-                forest.retire({min(forest.tops(), key=lambda t: forest.nodes[t].birth)})  # oldest subtree goes
         # redundancy over everything this forward drafted: the recycled edges and the forest's
         record_redundancy(state.stats, *bigram_redundancy([], drafted))
 

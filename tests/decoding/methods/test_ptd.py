@@ -73,6 +73,20 @@ def test_pool_keeps_at_most_cap_branches_per_root_dropping_the_stalest():
     assert pool.as_nested(7) == {2: {3: {}}, 4: {}}
 
 
+
+def test_eviction_keeps_a_prefix_refreshed_after_its_leaf_and_drops_only_the_stale_tail():
+    """Chain 1-2-3 merged at step 0, its prefix 1-2 confirmed again at steps 2-3 (a merge, a recycled
+    row): when {6} overfills the pool, the stale leaf 3 goes, 1-2 stays as a branch of its own, and
+    the branch [5] (step 1) is the stalest that remains."""
+    pool = TriePool(cap=2)
+    pool.merge(7, {1: {2: {3: {}}}}, stamp=0)
+    pool.merge(7, {5: {}}, stamp=1)
+    pool.merge(7, {1: {2: {}}}, stamp=2)
+    pool.merge_leaves(7, [1], stamp=3)
+    pool.merge(7, {6: {}}, stamp=4)
+    assert pool.as_nested(7) == {1: {2: {}}, 6: {}}
+    assert pool.leaves[7] == len(pool.branches(7)) == 2
+
 def random_subtree(rng, depth: int, tokens: int, max_width: int) -> dict:
     """A random {token: {...}} trie `depth` levels deep, 1..max_width children per node."""
     if depth == 0:
@@ -282,3 +296,21 @@ def test_lazy_grafting_equals_pushing_every_child_at_once(seed):
     for root in range(8):
         for budget, depth in ((4, 3), (16, 6), (32, 8)):
             assert graft_branches(pool, root, budget, depth) == eager_graft(pool, root, budget, depth)
+
+
+@pytest.mark.parametrize("config", [PTDConfig(), PTDConfig(context_subtrees=False, recycle=False, graft=False)])
+def test_every_forward_grows_the_forest(tiny_llama, config):
+    """A full forest retires its oldest subtree before it expands, so each forward's leaf rows add
+    children (before, a forward that found the forest full added nothing and only then retired)."""
+    method = PTD(config)
+    method.setup(tiny_llama)
+    grown: list[int] = []
+    observe = method._observe
+
+    def counting(state, result):
+        observe(state, result)
+        grown.append(sum(n.birth == method.steps and n.parent >= 0 for n in method.forest.nodes))
+
+    method._observe = counting
+    generate(method, tiny_llama, [5, 6, 7, 5, 6, 8, 9, 5], max_new_tokens=24)
+    assert len(grown) > 8 and all(count > 0 for count in grown)
