@@ -61,6 +61,9 @@ class VIASDConfig:
         check_choice("method.agreement", self.agreement, ("confidence", "tv", "kl"))
         check_range("method.agree_threshold", self.agree_threshold, 0.0)
         check_range("method.slim_threshold", self.slim_threshold, 0.0)
+        if self.zones == "note" and (self.agreement, self.agree_threshold) != ("confidence", 0.7):
+            raise ConfigError("method.agreement and method.agree_threshold set zones=gated's untested tier; "
+                              "with method.zones=note every kept draft is tested against q' (set method.zones=gated)")
         if self.middle == "model" and self.middle_model is None:
             raise ConfigError("method.middle=model needs method.middle_model (a model config)")
 

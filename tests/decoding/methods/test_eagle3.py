@@ -149,7 +149,7 @@ def test_via_sd_slim_settled_tokens_reach_eagle3_as_target_features(tiny_target,
     features of the whole committed text (as a fresh prefill would give it)."""
     from decoding.engine.target import TargetModel
 
-    via, _ = via_sd_with_eagle3(tiny_target, tmp_path, agree_threshold=0.05, slim_threshold=0.1)
+    via, _ = via_sd_with_eagle3(tiny_target, tmp_path, slim_threshold=0.1)
     lagged: set[int] = set()
 
     def watch(state):  # positions committed while the target's cache lagged behind
@@ -173,7 +173,7 @@ def test_via_sd_slim_settled_tokens_reach_eagle3_as_target_features(tiny_target,
 
 def test_via_sd_with_eagle3_on_a_one_token_prompt_runs_the_full_target_first(tiny_target, tmp_path):
     """Before EAGLE-3 has a row to draft from, the step is the full target's own (no slim-only text)."""
-    via, _ = via_sd_with_eagle3(tiny_target, tmp_path, agree_threshold=0.0, slim_threshold=0.0)
+    via, _ = via_sd_with_eagle3(tiny_target, tmp_path, slim_threshold=0.0)
     state = generate(via, tiny_target, PROMPT[:1], max_new_tokens=6, temperature=1.0, seed=2)
     assert len(state.new_tokens) == 6 and state.stats.extra.get("escalations", 0) >= 1
     assert state.stats.target_forwards > state.stats.extra.get("slim_forwards", 0)

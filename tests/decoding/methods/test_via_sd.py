@@ -44,7 +44,8 @@ def test_thresholds_forcing_the_full_verifier_reproduce_sd(tiny_target, mask_fil
 
 @pytest.mark.parametrize("zones", ["note", "gated"])
 def test_zones_a_and_b_alone_never_run_the_full_model(tiny_target, mask_file, zones):
-    via = make(VIASD, VIASDConfig(mask=mask_file, zones=zones, agree_threshold=0.0, slim_threshold=0.0), tiny_target)
+    untested = {"agree_threshold": 0.0} if zones == "gated" else {}
+    via = make(VIASD, VIASDConfig(mask=mask_file, zones=zones, slim_threshold=0.0, **untested), tiny_target)
     state = generate(via, tiny_target, PROMPTS[0], max_new_tokens=20, temperature=1.0, seed=1)
     assert len(state.new_tokens) == 20
     # every target pass was a slim one (3 of 4 layers): counted, at 3/4 of a full forward each
@@ -64,8 +65,8 @@ def cache_tensors(target, length):
 @pytest.mark.parametrize("zones", ["note", "gated"])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_full_kv_after_slim_settled_tokens_equals_a_fresh_prefill(tiny_target, mask_file, temperature, zones):
-    via = make(VIASD, VIASDConfig(mask=mask_file, zones=zones, agree_threshold=0.05, slim_threshold=0.1),
-               tiny_target)
+    untested = {"agree_threshold": 0.05} if zones == "gated" else {}
+    via = make(VIASD, VIASDConfig(mask=mask_file, zones=zones, slim_threshold=0.1, **untested), tiny_target)
     slim_settled: set[int] = set()
 
     def watch(state):  # positions committed while the target's cache lagged behind
@@ -92,7 +93,7 @@ def test_independent_middle_model_ablation_runs(tiny_llama, tiny_model_dirs):
     from pipeline.models import ModelConfig
 
     cfg = VIASDConfig(middle="model", middle_model=ModelConfig(name="tiny-qwen3", path=str(tiny_model_dirs["qwen3"])),
-                      agree_threshold=0.05, slim_threshold=0.06)
+                      slim_threshold=0.06)
     state = generate(make(VIASD, cfg, tiny_llama), tiny_llama, PROMPTS[2], max_new_tokens=16, seed=0)
     assert len(state.new_tokens) == 16
 
@@ -102,6 +103,8 @@ def test_bad_config_values_are_one_line_errors(tiny_llama):
         VIASDConfig(agreement="js")
     with pytest.raises(ConfigError, match="method.zones"):
         VIASDConfig(zones="paper")
+    with pytest.raises(ConfigError, match="zones=gated"):  # a threshold that would have no effect
+        VIASDConfig(agree_threshold=0.5)
     with pytest.raises(ConfigError, match="not found"):
         make(VIASD, VIASDConfig(mask="no-such-mask"), tiny_llama)
 
