@@ -126,7 +126,7 @@ def forward_cost_curve(target, context_len: int, sizes=(1, 2, 4, 8, 16, 32, 64, 
         times = []
         ids = torch.randint(0, vocab, (n,)).to(target.device)
         depths = torch.arange(n, device=target.device)
-        # one row as AR runs it (no mask: the cheapest path); a block with the explicit mask a tree forward has
+        # one row unmasked, as AR's step runs (the cheapest path); a block with the explicit mask a tree forward has
         visible = None if n == 1 else torch.ones(n, n, dtype=torch.bool, device=target.device).tril()
         for _ in range(repeats + 1):
             synchronize(target.device)

@@ -249,8 +249,8 @@ class TriePool:
 
     def evict(self, root: int) -> None:
         """Down to `cap` branches, the stalest leaf first. A branch whose prefix was refreshed after its
-        leaf (a merge or a recycled row confirmed the prefix again) loses only the stale tail below its
-        most recently refreshed node, which then competes as a branch of its own."""
+        leaf (a merge or a recycled row confirmed the prefix again) loses only its stale tail: the nodes
+        below the deepest ancestor refreshed after the leaf, which then competes as a branch of its own."""
         trie = self.roots[root]
         branches = self.branches(root)
         while len(branches) > self.cap:

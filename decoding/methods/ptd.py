@@ -20,9 +20,9 @@ One step, one forward:
    node's token (recursive trie union, at most `pool_size` branches per root, LRU); with
    `recycle`, so are the verification rows' top-`width` next tokens (the verification tree is
    part of the tree this forward grew), and with `context_subtrees` the committed text's
-   continuations (context-derived subtrees);
+   continuations (our extension; the paper's context-derived items are the seeds of step 1);
 5. prune: the depth window slides every subtree deeper than `depth` (keep the earliest-added
-   child, drop the older branches). A full forest retires its oldest subtree before it expands, so
+   child, drop the older branches). A full forest retires its oldest subtrees before it expands, so
    every forward grows it.
 Verification is the engine's tree acceptance (greedy: follow the argmax child; sampling:
 deterministic children tried in order, lossless), so output is exactly the target's.
@@ -159,9 +159,10 @@ class PTD(Method):
             children = (n for n in forest.nodes if n.parent >= 0)
             for n, logp in zip(children, edge_logp):  # refresh each edge's probability under the new root
                 n.logp = logp
-            if len(forest) >= cfg.drafting_budget:
-                # a full forest retires its oldest subtree first, so that this forward's rows still grow it
-                # (retiring after a forward that could not grow left every other forward's proposals unused)
+            while len(forest) >= cfg.drafting_budget:
+                # a full forest retires its oldest subtrees first (one retirement may free a single node, and
+                # seeds may overfill it), so that this forward's rows still grow it; retiring only after a
+                # forward that could not grow left every other forward's proposals unused
                 kept = forest.retire({min(forest.tops(), key=lambda t: forest.nodes[t].birth)})
                 proposals = {kept[leaf]: options for leaf, options in proposals.items() if leaf in kept}
             forest.expand(proposals, cfg.width, cfg.drafting_budget, self.steps)

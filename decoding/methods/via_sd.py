@@ -10,7 +10,9 @@ the cheapest zone that can settle it. `zones=note` (default), the note's three-z
   B. else, if q' is confident (max q' >= τ_slim), q' regenerates the token (argmax q', or a draw from
      norm(max(0, q' - p))) and the block ends ("slim"); so wherever zone B is open the token is
      distributed exactly as q' (speculative sampling against q');
-  C. else the full verifier q verifies x_i..x_γ in one forward (the engine's lossless SD step).
+  C. else the full verifier q verifies x_i..x_γ in one forward (the engine's SD step); at T > 0 x_i is
+     verified against norm(max(0, p - q')), the distribution it has given that q' rejected it, so the
+     token zone C emits is q's draw [R: the note's pseudo-code passes p].
 `zones=gated` [R], the reconstruction used before 2026-12-05 (its tables say so): zone A's test runs only
 where q' is confident, and a tier before it keeps x without a test when p and q' agree with high
 confidence (both pick x and min(p(x), q'(x)) >= τ_agree; or TV / KL(p || q') <= τ_agree). At T > 0 that
@@ -51,19 +53,24 @@ class VIASDConfig:
     random_seed: int = 0  # middle=random: seed of the random mask
     middle_model: Optional[ModelConfig] = None  # middle=model: an independent smaller model (ablation)
     zones: str = "note"  # note: research/viasd.md's three-zone step | gated: the earlier reconstruction [R]
-    agreement: str = "confidence"  # zones=gated, its untested tier [R]: confidence (min(p(x), q'(x)) >= τ) | tv | kl (distance <= τ)
-    agree_threshold: float = 0.7  # τ_agree, zones=gated [R: the paper's three-zone thresholds are not public]
+    # zones=gated's untested tier [R]: confidence (min(p(x), q'(x)) >= τ_agree) | tv | kl (distance <= τ_agree);
+    # unset: confidence and 0.7 (the paper's three-zone thresholds are not public); zones=note has no such tier
+    agreement: Optional[str] = None
+    agree_threshold: Optional[float] = None
     slim_threshold: float = 0.5  # τ_slim: q' settles the token when max q' >= τ_slim [R]
 
     def __post_init__(self) -> None:
         check_choice("method.middle", self.middle, ("slim", "random", "model"))
         check_choice("method.zones", self.zones, ("note", "gated"))
-        check_choice("method.agreement", self.agreement, ("confidence", "tv", "kl"))
-        check_range("method.agree_threshold", self.agree_threshold, 0.0)
-        check_range("method.slim_threshold", self.slim_threshold, 0.0)
-        if self.zones == "note" and (self.agreement, self.agree_threshold) != ("confidence", 0.7):
+        if self.zones == "note" and (self.agreement, self.agree_threshold) != (None, None):
             raise ConfigError("method.agreement and method.agree_threshold set zones=gated's untested tier; "
                               "with method.zones=note every kept draft is tested against q' (set method.zones=gated)")
+        if self.zones == "gated":
+            self.agreement = "confidence" if self.agreement is None else self.agreement
+            self.agree_threshold = 0.7 if self.agree_threshold is None else self.agree_threshold
+            check_choice("method.agreement", self.agreement, ("confidence", "tv", "kl"))
+            check_range("method.agree_threshold", self.agree_threshold, 0.0)
+        check_range("method.slim_threshold", self.slim_threshold, 0.0)
         if self.middle == "model" and self.middle_model is None:
             raise ConfigError("method.middle=model needs method.middle_model (a model config)")
 
@@ -162,8 +169,8 @@ class VIASD(Method):
         s = probabilities(self.middle_logits(state, chain), state.temperature)
         state.stats.add_extra("slim_forwards" if self.middle_model is None else "middle_forwards", 1)
         plan = self.plan(state, drafts, p, s)
-        settled: list[int] = []  # drafts kept by tiers 1-2
-        tiers: list[str] = []  # which of the two kept each of them
+        settled: list[int] = []  # drafts kept without the full model
+        tiers: list[str] = []  # the counter each of them goes to (DIRECT or SLIM)
         for i, x in enumerate(drafts):
             if plan["keep"][i]:
                 settled.append(x)
@@ -171,8 +178,19 @@ class VIASD(Method):
             elif plan["regenerate"][i]:  # q' rejects x and is confident: its own token ends the block
                 return self._finish(state, len(drafts), settled, tiers, plan["regen"][i], t0, t1)
             else:
+                if self.config.zones == "note" and not state.greedy:
+                    p = self.zone_c_rows(p, s, i)
                 return self._escalate(state, drafts, p, i, settled, tiers, t0, t1)
         return self._finish(state, len(drafts), settled, tiers, plan["bonus"][0], t0, t1)
+
+    @staticmethod
+    def zone_c_rows(p: torch.Tensor, s: torch.Tensor, i: int) -> torch.Tensor:
+        """The drafts' distributions for the full verifier from position i (zones=note, T > 0). x_i reached
+        zone C because it failed the test against q' (zone B's gate does not depend on x), so it is
+        distributed as norm(max(0, p_i - q'_i)), not p_i; verifying it against that row makes the token
+        zone C emits exactly q's draw [R: the note passes p_i]. Later drafts were never tested: p."""
+        row = (p[i] - s[i].to(p.device)).clamp_min(0)  # never all zero: the failed test means p(x_i) > q'(x_i)
+        return torch.cat([p[:i], (row / row.sum().clamp_min(1e-30))[None], p[i + 1:]])
 
     def finish(self, state: DecodeState) -> None:
         self.drafter.record(state.stats)  # a middle model's passes are `middle_forwards`, one per block
@@ -183,7 +201,7 @@ class VIASD(Method):
             state.stats.add_extra(f"settled_{tier}", 1)
 
     def _finish(self, state, drafted, settled, tiers, last, t0, t1) -> None:
-        """The block ends without the full model: drafts kept by tiers 1-2 plus q's token."""
+        """The block ends without the full model: the drafts kept, then q''s own token (regenerated or bonus)."""
         committed = commit(state, settled + [last])
         self._count_tiers(state, tiers + [SLIM], len(committed))
         state.stats.record_step(num_draft_tokens=drafted, num_accepted=min(len(settled), len(committed)),
@@ -191,8 +209,8 @@ class VIASD(Method):
         state.stats.add_time(draft=t1 - t0, verify=time.perf_counter() - t1)
 
     def _escalate(self, state, drafts, p, i, settled, tiers, t0, t1) -> None:
-        """Tier 3 from position i: commit what tiers 1-2 settled, then the engine's lossless SD
-        step verifies x_i..x_γ with the full target (re-running the pending tokens first)."""
+        """Zone C from position i: commit what zones A-B settled, then the engine's SD step verifies
+        x_i..x_γ with the full target (re-running the pending tokens first)."""
         committed = commit(state, settled)
         self._count_tiers(state, tiers, len(committed))
         accepted = len(committed)

@@ -73,7 +73,6 @@ def test_pool_keeps_at_most_cap_branches_per_root_dropping_the_stalest():
     assert pool.as_nested(7) == {2: {3: {}}, 4: {}}
 
 
-
 def test_eviction_keeps_a_prefix_refreshed_after_its_leaf_and_drops_only_the_stale_tail():
     """Chain 1-2-3 merged at step 0, its prefix 1-2 confirmed again at steps 2-3 (a merge, a recycled
     row): when {6} overfills the pool, the stale leaf 3 goes, 1-2 stays as a branch of its own, and
@@ -86,6 +85,7 @@ def test_eviction_keeps_a_prefix_refreshed_after_its_leaf_and_drops_only_the_sta
     pool.merge(7, {6: {}}, stamp=4)
     assert pool.as_nested(7) == {1: {2: {}}, 6: {}}
     assert pool.leaves[7] == len(pool.branches(7)) == 2
+
 
 def random_subtree(rng, depth: int, tokens: int, max_width: int) -> dict:
     """A random {token: {...}} trie `depth` levels deep, 1..max_width children per node."""
@@ -298,10 +298,12 @@ def test_lazy_grafting_equals_pushing_every_child_at_once(seed):
             assert graft_branches(pool, root, budget, depth) == eager_graft(pool, root, budget, depth)
 
 
-@pytest.mark.parametrize("config", [PTDConfig(), PTDConfig(context_subtrees=False, recycle=False, graft=False)])
+@pytest.mark.parametrize("config", [PTDConfig(), PTDConfig(context_subtrees=False, recycle=False, graft=False),
+                                    PTDConfig(width=2, depth=4, num_seeds=2, drafting_budget=3)])
 def test_every_forward_grows_the_forest(tiny_llama, config):
-    """A full forest retires its oldest subtree before it expands, so each forward's leaf rows add
-    children (before, a forward that found the forest full added nothing and only then retired)."""
+    """A full forest retires its oldest subtrees before it expands, so each forward's leaf rows add
+    children (before, a forward that found the forest full added nothing and only then retired; a
+    budget of 3 with 2 seeds needs more than one retirement when a retired top frees a single node)."""
     method = PTD(config)
     method.setup(tiny_llama)
     grown: list[int] = []

@@ -100,30 +100,35 @@ def test_independent_middle_model_ablation_runs(tiny_llama, tiny_model_dirs):
 
 def test_bad_config_values_are_one_line_errors(tiny_llama):
     with pytest.raises(ConfigError, match="method.agreement"):
-        VIASDConfig(agreement="js")
+        VIASDConfig(zones="gated", agreement="js")
     with pytest.raises(ConfigError, match="method.zones"):
         VIASDConfig(zones="paper")
     with pytest.raises(ConfigError, match="zones=gated"):  # a threshold that would have no effect
-        VIASDConfig(agree_threshold=0.5)
+        VIASDConfig(agree_threshold=0.7)
     with pytest.raises(ConfigError, match="not found"):
         make(VIASD, VIASDConfig(mask="no-such-mask"), tiny_llama)
 
 
-def emitted_at_one_position(zones: str, p_row, s_row, n: int = 40000, seed: int = 0) -> torch.Tensor:
-    """The token a block's position emits when zone C is closed (max q' >= τ_slim = 0), as the fraction
-    of n independent positions: x ~ p, then the plan keeps x or q' regenerates. One `plan` call with
-    n positions of the same p and q' rows, each decided independently."""
+def plan_many(zones: str, p_row, s_row, slim_threshold: float, n: int = 40000, seed: int = 0):
+    """n independent positions with the same p and q' rows in one `plan` call (each is decided alone):
+    the drafts x ~ p and the plan."""
     from decoding.engine.sampling import Sampler
 
-    via = VIASD(VIASDConfig(zones=zones, slim_threshold=0.0))
+    via = VIASD(VIASDConfig(zones=zones, slim_threshold=slim_threshold))
     p = torch.tensor(p_row, dtype=torch.float64).expand(n, -1)
     s = torch.tensor(s_row, dtype=torch.float64).expand(n + 1, -1)
     drafts = torch.multinomial(p, 1, replacement=True, generator=torch.Generator().manual_seed(seed))[:, 0].tolist()
     state = SimpleNamespace(sampler=Sampler(seed + 1, "cpu"), greedy=False)
-    plan = via.plan(state, drafts, p, s)
+    return drafts, via.plan(state, drafts, p, s)
+
+
+def emitted_at_one_position(zones: str, p_row, s_row) -> torch.Tensor:
+    """The token a position emits when zone C is closed (max q' >= τ_slim = 0), as frequencies: the
+    plan keeps x or q' regenerates."""
+    drafts, plan = plan_many(zones, p_row, s_row, slim_threshold=0.0)
     assert all(keep or regen for keep, regen in zip(plan["keep"], plan["regenerate"]))
     emitted = [x if keep else r for x, keep, r in zip(drafts, plan["keep"], plan["regen"])]
-    return torch.bincount(torch.tensor(emitted), minlength=len(p_row)).double() / n
+    return torch.bincount(torch.tensor(emitted), minlength=len(p_row)).double() / len(drafts)
 
 
 # q' and p agree on token 0 with high confidence, p more so than q' (the case where they differ)
@@ -144,12 +149,30 @@ def test_the_gated_reconstructions_untested_tier_emits_the_drafters_token_instea
     assert abs(freq[0].item() - 0.95) < 0.01 and abs(freq[0].item() - 0.75) > 0.1
 
 
-def test_greedy_zone_a_keeps_the_drafts_q_prime_picks_and_zone_c_takes_the_rest(tiny_target, mask_file):
-    """zones=note at T = 0 with zone B closed (τ_slim > 1): a block keeps its drafts while each is
-    q''s argmax, and the full verifier settles the rest; no token comes from q' itself."""
-    via = make(VIASD, VIASDConfig(mask=mask_file, slim_threshold=2.0), tiny_target)
-    state = generate(via, tiny_target, PROMPTS[1], max_new_tokens=24, seed=0)
-    extra = state.stats.extra
-    assert len(state.new_tokens) == 24 and extra.get("settled_slim", 0) == 0
-    assert extra["escalations"] == state.stats.num_steps
-    assert extra.get("settled_direct", 0) + extra["settled_full"] == 24
+def test_a_draft_reaching_zone_c_is_distributed_as_the_row_the_full_verifier_gets():
+    """zones=note at T > 0 with zone B closed: the drafts that fail the test against q' go to the full
+    verifier; given that, x is distributed as norm(max(0, p - q')) (`zone_c_rows`), not as p, so the
+    engine's speculative step against that row emits exactly q's draw there."""
+    drafts, plan = plan_many("note", P_DRAFT, Q_SLIM, slim_threshold=2.0)
+    escalated = torch.tensor([x for x, keep in zip(drafts, plan["keep"]) if not keep])
+    freq = torch.bincount(escalated, minlength=3).double() / len(escalated)
+    row = VIASD.zone_c_rows(torch.tensor([P_DRAFT]), torch.tensor([Q_SLIM]), 0)[0].double()
+    torch.testing.assert_close(row, torch.tensor([1.0, 0.0, 0.0], dtype=torch.float64))  # p - q' > 0 at 0 only
+    torch.testing.assert_close(freq, row, atol=0.01, rtol=0)
+    assert abs(len(escalated) / len(drafts) - (1 - sum(map(min, P_DRAFT, Q_SLIM)))) < 0.01
+
+
+@pytest.mark.parametrize("zones, expected", [("note", "keep"), ("gated", "escalate")])
+def test_greedy_zones_on_a_draft_q_prime_picks_without_confidence(zones, expected):
+    """T = 0, x = argmax q' with q'(x) = 0.4 < τ_slim = 0.5: zones=note keeps it (zone A tests it and it
+    passes); zones=gated neither keeps it untested (min(p, q') = 0.4 < 0.7) nor tests it (q' is not
+    confident), so it escalates. A draft q' does not pick is regenerated where q' is confident."""
+    from decoding.engine.sampling import Sampler
+
+    p = torch.tensor([[0.6, 0.3, 0.1], [0.6, 0.3, 0.1]])
+    s = torch.tensor([[0.4, 0.35, 0.25], [0.1, 0.8, 0.1], [0.2, 0.3, 0.5]])
+    via = VIASD(VIASDConfig(zones=zones))
+    plan = via.plan(SimpleNamespace(sampler=Sampler(0, "cpu"), greedy=True), [0, 0], p, s)
+    assert plan["keep"][0] == (expected == "keep") and not plan["regenerate"][0]
+    assert not plan["keep"][1] and plan["regenerate"][1] and plan["regen"][1] == 1  # q' confident, picks 1
+    assert plan["bonus"] == [2]
