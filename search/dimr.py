@@ -70,6 +70,11 @@ class DIMRObjectiveConfig:
     drafter_head: Optional[str] = None  # objective=between: p's trained exit head (conf/drafter/exit_head.yaml's head)
     calibration_prompts: int = 4  # GSM8K questions outside the evaluation subset
     calibration_tokens: int = 48  # the target's greedy continuation of each, teacher-forced
+    # decode: q_z as decoding runs it, blocks of `calibration_block` rows through the kept layers over the full
+    # model's cached prefix, on the answers' positions | prefill: the slim model over whole sequences from an
+    # empty cache (every position's KV through the kept layers; how the shipped smollm2-135m-dimr was searched)
+    calibration: str = "decode"
+    calibration_block: int = 6  # decode: rows per slim pass (γ + 1 of the default drafter, γ = 5)
     eval_limit: int = 100  # the evaluation subset excluded from calibration: first eval_limit of the
     eval_subset_seed: int = 0  # eval_subset_seed shuffle (GSM-100 of conf/task/gsm8k.yaml)
     known_masks: list[Any] = field(default_factory=lambda: list(KNOWN_MASKS))  # names or layer lists, tried first
@@ -87,6 +92,8 @@ class DIMRObjectiveConfig:
         check_range("objective.drafter_exit_layer", self.drafter_exit_layer, 1)
         check_range("objective.calibration_prompts", self.calibration_prompts, 1)
         check_range("objective.calibration_tokens", self.calibration_tokens, 1)
+        check_choice("objective.calibration", self.calibration, ("decode", "prefill"))
+        check_range("objective.calibration_block", self.calibration_block, 1)
         if self.objective in ("kl+ratio", "pareto") and self.encoding == "topk":
             raise ConfigError(f"objective.objective={self.objective} needs objective.encoding=bool "
                               "(topk skips exactly objective.skip layers, so the skip ratio cannot vary)")
@@ -106,7 +113,9 @@ class Context:
 
 
 def calibration_sequences(target, tokenizer, num_prompts: int, new_tokens: int, eval_limit: int = 100,
-                          subset_seed: int = 0, template_kwargs=None) -> tuple[list[list[int]], list[str]]:
+                          subset_seed: int = 0, template_kwargs=None) -> tuple[list[list[int]], list[str], list[int]]:
+    """The target's greedy answers to GSM8K questions outside the evaluation subset: (prompt + answer
+    sequences, example ids, prompt lengths)."""
     from decoding.methods.ar import AR
     from decoding.engine.loop import generate
     from pipeline.tasks import TaskConfig, build_chat, load_examples
@@ -115,25 +124,38 @@ def calibration_sequences(target, tokenizer, num_prompts: int, new_tokens: int, 
                                                           subset_seed=subset_seed))}
     pool = [ex for ex in load_examples(TaskConfig(name="gsm8k", shuffle=True, subset_seed=subset_seed + 1))
             if ex.id not in evaluated][:num_prompts]
-    seqs = []
+    seqs, prompt_lengths = [], []
     for ex in pool:
         prompt = build_chat(tokenizer, TaskConfig(name="gsm8k"), [(ex.turns[0], None)], template_kwargs)
         out = generate(AR(), target, prompt, max_new_tokens=new_tokens).new_tokens
         seqs.append(prompt + out)
-    return seqs, [ex.id for ex in pool]
+        prompt_lengths.append(len(prompt))
+    return seqs, [ex.id for ex in pool], prompt_lengths
 
 
 class MaskCost:
     """KL(q || q_z) averaged over calibration positions; the full model's log-probs are computed once.
-    With a `drafter` (objective=between; a TargetModel, e.g. an early exit): KL(p || q_z) + KL(q_z || q)."""
+    With a `drafter` (objective=between; a TargetModel, e.g. an early exit): KL(p || q_z) + KL(q_z || q).
 
-    def __init__(self, target, sequences: list[list[int]], drafter=None):
+    `block=None`: q_z is the slim model over each whole sequence from an empty cache. `block=b`: q_z as
+    VIA-SD's slim verifier computes it while decoding: blocks of b rows (a root and its drafts) run through
+    the kept layers only, over the full model's KV of everything before them, at every position from
+    `starts[k]` on (the last prompt token, whose row predicts the answer's first token). Decoding also runs
+    the tokens that zones A-B settled since the last full pass through the kept layers; here every token
+    before a block has the full model's KV (as after an escalation)."""
+
+    def __init__(self, target, sequences: list[list[int]], drafter=None, block: int | None = None,
+                 starts: list[int] | None = None):
         from decoding.engine.target import TargetModel
 
-        self.model, self.sequences = target.model, sequences
+        self.model, self.sequences, self.block = target.model, sequences, block
+        self.starts = [0] * len(sequences) if block is None or starts is None else [max(0, s) for s in starts]
         self.num_layers = target.num_layers
-        self.reference = [self._logprobs(TargetModel(self.model), seq) for seq in sequences]
-        self.drafter = None if drafter is None else [self._logprobs(drafter, seq) for seq in sequences]
+        full = TargetModel(self.model)
+        self.full = full if block is not None else None  # decode: its cache holds the full model's prefix KV
+        self.reference = [self._logprobs(full, seq)[start:] for seq, start in zip(sequences, self.starts)]
+        self.drafter = None if drafter is None else [self._logprobs(drafter, seq)[start:]
+                                                     for seq, start in zip(sequences, self.starts)]
         self.cache: dict[tuple[int, ...], float] = {}
 
     @staticmethod
@@ -142,21 +164,38 @@ class MaskCost:
         out = lm.forward(torch.tensor(seq), torch.arange(len(seq)), None)
         return torch.log_softmax(out.logits, -1)
 
+    def _decode_logprobs(self, layers: tuple[int, ...], seq: list[int], start: int) -> torch.Tensor:
+        """Rows start.. of q_z as decoding computes them (`block`): block after block, one read-only pass
+        through `layers` over the full model's cache, then the block's full pass extends that cache (the
+        cache only grows, as in decoding: a sliding-window layer cannot be cut back past its window)."""
+        full, block = self.full, self.block
+        full.reset()
+        if start:
+            full.forward(torch.tensor(seq[:start]), torch.arange(start), None)
+        out, read_only = [], tuple(layers) != tuple(full.layers)  # all layers: the pass is the full one
+        for c in range(start, len(seq), block):
+            rows, depths = seq[c:c + block], list(range(len(seq[c:c + block])))
+            out.append(torch.log_softmax(full.forward(rows, depths, None, active_layers=layers).logits, -1))
+            if read_only and c + block < len(seq):
+                full.forward(rows, depths, None)
+        return torch.cat(out)
+
     def __call__(self, skip) -> float:
         from decoding.engine.target import TargetModel
 
         key = tuple(sorted(skip))
         if key not in self.cache:
-            slim = TargetModel(self.model, layers=kept_layers(key, self.num_layers))
+            layers = kept_layers(key, self.num_layers)
+            slim = TargetModel(self.model, layers=layers) if self.block is None else None
             total, count = 0.0, 0
-            for k, (ref, seq) in enumerate(zip(self.reference, self.sequences)):
-                logq = self._logprobs(slim, seq)
+            for k, (ref, seq, start) in enumerate(zip(self.reference, self.sequences, self.starts)):
+                logq = self._logprobs(slim, seq) if slim is not None else self._decode_logprobs(layers, seq, start)
                 if self.drafter is None:
                     total += float((ref.exp() * (ref - logq)).sum())
                 else:  # KL(p || q_z) + KL(q_z || q)
                     logp = self.drafter[k]
                     total += float((logp.exp() * (logp - logq)).sum() + (logq.exp() * (logq - ref)).sum())
-                count += len(seq)
+                count += len(ref)
             self.cache[key] = total / count
         return self.cache[key]
 
@@ -251,9 +290,12 @@ def prepare(cfg) -> Context:
                 f"encoding=topk needs objective.skip={obj.skip}" if obj.encoding == "topk" else
                 f"a ratio outside [objective.min_skip, objective.max_skip] = [{obj.min_skip}, {obj.max_skip}]"))
     t0 = time.perf_counter()
-    seqs, ids = calibration_sequences(target, tokenizer, obj.calibration_prompts, obj.calibration_tokens,
-                                      obj.eval_limit, obj.eval_subset_seed, cfg.model.chat_template_kwargs)
-    cost = MaskCost(target, seqs, drafter)
+    seqs, ids, prompt_lengths = calibration_sequences(target, tokenizer, obj.calibration_prompts,
+                                                      obj.calibration_tokens, obj.eval_limit, obj.eval_subset_seed,
+                                                      cfg.model.chat_template_kwargs)
+    decode = obj.calibration == "decode"
+    cost = MaskCost(target, seqs, drafter, block=obj.calibration_block if decode else None,
+                    starts=[n - 1 for n in prompt_lengths] if decode else None)
     calibration = {"num_layers": L, "calibration_ids": ids, "calibration_tokens": sum(map(len, seqs)),
                    "calibration_s": round(time.perf_counter() - t0, 1)}
     return Context(obj, cost, L, calibration)
@@ -264,7 +306,9 @@ def settings(cfg: DIMRObjectiveConfig) -> dict:
     from decoding.drafting.exit_head import head_folder
 
     out = {k: getattr(cfg, k) for k in ("encoding", "objective", "calibration_prompts", "calibration_tokens",
-                                        "eval_limit", "eval_subset_seed")}
+                                        "eval_limit", "eval_subset_seed", "calibration")}
+    if cfg.calibration == "decode":
+        out["calibration_block"] = cfg.calibration_block
     out |= {"skip": cfg.skip} if cfg.encoding == "topk" else {"min_skip": cfg.min_skip, "max_skip": cfg.max_skip}
     if cfg.objective == "kl+ratio":
         out["ratio_weight"] = cfg.ratio_weight

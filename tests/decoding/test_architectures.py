@@ -191,12 +191,14 @@ def test_lossy_method_completes(arch, name, folders):
         assert len(state.new_tokens) == NEW_TOKENS and all(0 <= t < target.config.vocab_size for t in state.new_tokens)
 
 
+@pytest.mark.parametrize("block", [None, 3])  # from scratch | as decoding runs the slim verifier
 @pytest.mark.parametrize("arch", ARCHS)
-def test_dimr_cost_is_zero_for_the_full_model_and_positive_for_a_slim_one(arch):
+def test_dimr_cost_is_zero_for_the_full_model_and_positive_for_a_slim_one(arch, block):
     from search.dimr import MaskCost
 
     target = arch_target(arch)
-    cost = MaskCost(target, [p + t for p, t in zip(prompts(), ar_tokens(arch))])
+    cost = MaskCost(target, [p + t for p, t in zip(prompts(), ar_tokens(arch))], block=block,
+                    starts=[len(p) - 1 for p in prompts()])
     assert cost(()) == pytest.approx(0.0, abs=1e-5)
     assert cost((1, 3)) > 1e-4
 

@@ -63,6 +63,35 @@ def test_cost_is_zero_without_skipping_and_positive_with(tiny_llama):
     assert cost((1, 2)) == cost((2, 1))  # cached by mask
 
 
+def test_decode_calibration_is_the_slim_pass_over_the_full_models_prefix(tiny_llama):
+    """block=b: row t of q_z comes from a pass through the kept layers over the block of b rows holding t,
+    on top of the full model's KV of every earlier block (computed here block by block from a fresh
+    prefill of each prefix); zero without skipping, and not the cost of the slim model from scratch."""
+    import torch
+
+    from decoding.engine.target import TargetModel
+    from decoding.drafting.routing import kept_layers
+
+    seqs, starts, skip = [[10, 11, 12, 13, 14, 15, 16, 17], [20, 21, 22, 23, 24]], [2, 1], (1,)
+    cost = MaskCost(tiny_llama, seqs, block=3, starts=starts)
+    assert cost(()) == pytest.approx(0.0, abs=1e-5)
+    layers = kept_layers(skip, tiny_llama.num_layers)
+    total, count = 0.0, 0
+    for seq, start in zip(seqs, starts):
+        full = TargetModel(tiny_llama.model)
+        ref = MaskCost._logprobs(full, seq)
+        for c in range(start, len(seq), 3):
+            full.reset()
+            if c:
+                full.forward(torch.tensor(seq[:c]), torch.arange(c), None)
+            rows = seq[c:c + 3]
+            logq = torch.log_softmax(full.forward(rows, list(range(len(rows))), None, active_layers=layers).logits, -1)
+            total += float((ref[c:c + 3].exp() * (ref[c:c + 3] - logq)).sum())
+            count += len(rows)
+    assert cost(skip) == pytest.approx(total / count, rel=1e-4)
+    assert cost(skip) != pytest.approx(MaskCost(tiny_llama, seqs)(skip), rel=1e-2)
+
+
 def test_topk_study_resumes_with_known_masks_first_and_exports_a_loadable_mask(dimr_cfg, tmp_path):
     cfg = dimr_cfg(3)
     assert cfg.study_name == "dimr-tiny6-kl-topk-k2" and cfg.objective.export_name == "tiny6-dimr"
