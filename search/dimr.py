@@ -297,6 +297,7 @@ def prepare(cfg) -> Context:
     cost = MaskCost(target, seqs, drafter, block=obj.calibration_block if decode else None,
                     starts=[n - 1 for n in prompt_lengths] if decode else None)
     calibration = {"num_layers": L, "calibration_ids": ids, "calibration_tokens": sum(map(len, seqs)),
+                   "calibration": obj.calibration, "calibration_rows": sum(map(len, cost.reference)),
                    "calibration_s": round(time.perf_counter() - t0, 1)}
     return Context(obj, cost, L, calibration)
 
@@ -306,9 +307,9 @@ def settings(cfg: DIMRObjectiveConfig) -> dict:
     from decoding.drafting.exit_head import head_folder
 
     out = {k: getattr(cfg, k) for k in ("encoding", "objective", "calibration_prompts", "calibration_tokens",
-                                        "eval_limit", "eval_subset_seed", "calibration")}
-    if cfg.calibration == "decode":
-        out["calibration_block"] = cfg.calibration_block
+                                        "eval_limit", "eval_subset_seed")}
+    if cfg.calibration == "decode":  # prefill adds no key: a study from before the option resumes with it
+        out |= {"calibration": cfg.calibration, "calibration_block": cfg.calibration_block}
     out |= {"skip": cfg.skip} if cfg.encoding == "topk" else {"min_skip": cfg.min_skip, "max_skip": cfg.max_skip}
     if cfg.objective == "kl+ratio":
         out["ratio_weight"] = cfg.ratio_weight

@@ -189,8 +189,11 @@ class VIASD(Method):
         zone C because it failed the test against q' (zone B's gate does not depend on x), so it is
         distributed as norm(max(0, p_i - q'_i)), not p_i; verifying it against that row makes the token
         zone C emits exactly q's draw [R: the note passes p_i]. Later drafts were never tested: p."""
-        row = (p[i] - s[i].to(p.device)).clamp_min(0)  # never all zero: the failed test means p(x_i) > q'(x_i)
-        return torch.cat([p[:i], (row / row.sum().clamp_min(1e-30))[None], p[i + 1:]])
+        row = (p[i] - s[i].to(p.device)).clamp_min(0)
+        total = row.sum()
+        # all zero only where p = q' (then no draft fails the test, unless p(x_i) = 0): p itself, no host read
+        row = torch.where(total > 1e-12, row / total.clamp_min(1e-30), p[i])
+        return torch.cat([p[:i], row[None], p[i + 1:]])
 
     def finish(self, state: DecodeState) -> None:
         self.drafter.record(state.stats)  # a middle model's passes are `middle_forwards`, one per block

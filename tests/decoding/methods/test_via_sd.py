@@ -151,15 +151,45 @@ def test_the_gated_reconstructions_untested_tier_emits_the_drafters_token_instea
 
 def test_a_draft_reaching_zone_c_is_distributed_as_the_row_the_full_verifier_gets():
     """zones=note at T > 0 with zone B closed: the drafts that fail the test against q' go to the full
-    verifier; given that, x is distributed as norm(max(0, p - q')) (`zone_c_rows`), not as p, so the
-    engine's speculative step against that row emits exactly q's draw there."""
-    drafts, plan = plan_many("note", P_DRAFT, Q_SLIM, slim_threshold=2.0)
+    verifier; given that, x is distributed as norm(max(0, p - q')) (`zone_c_rows`), not as p (here p > q'
+    at two tokens: [.6, .4, 0], where p restricted to them would be [.556, .444, 0]), so the engine's
+    speculative step against that row emits exactly q's draw there."""
+    p_row, s_row = [0.5, 0.4, 0.1], [0.2, 0.2, 0.6]
+    drafts, plan = plan_many("note", p_row, s_row, slim_threshold=2.0)
     escalated = torch.tensor([x for x, keep in zip(drafts, plan["keep"]) if not keep])
     freq = torch.bincount(escalated, minlength=3).double() / len(escalated)
-    row = VIASD.zone_c_rows(torch.tensor([P_DRAFT]), torch.tensor([Q_SLIM]), 0)[0].double()
-    torch.testing.assert_close(row, torch.tensor([1.0, 0.0, 0.0], dtype=torch.float64))  # p - q' > 0 at 0 only
+    row = VIASD.zone_c_rows(torch.tensor([p_row]), torch.tensor([s_row]), 0)[0].double()
+    torch.testing.assert_close(row, torch.tensor([0.6, 0.4, 0.0], dtype=torch.float64))
     torch.testing.assert_close(freq, row, atol=0.01, rtol=0)
-    assert abs(len(escalated) / len(drafts) - (1 - sum(map(min, P_DRAFT, Q_SLIM)))) < 0.01
+    assert abs(len(escalated) / len(drafts) - (1 - sum(map(min, p_row, s_row)))) < 0.01
+
+
+def test_zone_c_hands_the_full_verifier_that_row(tiny_target, mask_file, monkeypatch):
+    """In decoding (T = 1, zone B closed), every escalated chain's first row is `zone_c_rows` of the
+    drafter's and q''s rows at that position, and the rows after it are the drafter's."""
+    import decoding.methods.via_sd as via_sd_module
+
+    via = make(VIASD, VIASDConfig(mask=mask_file, slim_threshold=2.0), tiny_target)
+    seen, real_verify, real_plan = [], via_sd_module.verify, via.plan
+
+    def planning(state, drafts, p, s):
+        seen.append({"p": p, "s": s})
+        return real_plan(state, drafts, p, s)
+
+    def verifying(state, proposal, **kwargs):
+        seen[-1]["rows"] = torch.stack(proposal.tree.draft_probs[1:])
+        return real_verify(state, proposal, **kwargs)
+
+    monkeypatch.setattr(via, "plan", planning)
+    monkeypatch.setattr(via_sd_module, "verify", verifying)
+    generate(via, tiny_target, PROMPTS[1], max_new_tokens=24, temperature=1.0, seed=0)
+    escalated = [step for step in seen if "rows" in step]
+    assert escalated
+    for step in escalated:
+        i = len(step["p"]) - len(step["rows"])
+        want = VIASD.zone_c_rows(step["p"], step["s"], i)[i:]
+        torch.testing.assert_close(step["rows"], want.to(step["rows"].dtype))
+        assert not torch.allclose(step["rows"][0], step["p"][i])  # the row changed
 
 
 @pytest.mark.parametrize("zones, expected", [("note", "keep"), ("gated", "escalate")])
