@@ -172,11 +172,12 @@ class MaskCost:
         full.reset()
         if start:
             full.forward(torch.tensor(seq[:start]), torch.arange(start), None)
-        out, read_only = [], tuple(layers) != tuple(full.layers)  # all layers: the pass is the full one
+        out = []
         for c in range(start, len(seq), block):
-            rows, depths = seq[c:c + block], list(range(len(seq[c:c + block])))
+            rows = seq[c:c + block]
+            depths = list(range(len(rows)))
             out.append(torch.log_softmax(full.forward(rows, depths, None, active_layers=layers).logits, -1))
-            if read_only and c + block < len(seq):
+            if full.cache_len == c and c + block < len(seq):  # a read-only pass (not every layer) left it
                 full.forward(rows, depths, None)
         return torch.cat(out)
 

@@ -118,10 +118,10 @@ class VIASD(Method):
 
     def plan(self, state: DecodeState, drafts: list[int], p: torch.Tensor, s: torch.Tensor) -> dict[str, list]:
         """Every position's zone at once on the device, read back with one host copy: p [γ, V] drafter,
-        s [γ + 1, V] slim verifier q'. Per position i (draft x): `keep` (x is kept without q; `direct`
-        says whether it was kept untested, zones=gated's first tier), else `regenerate` (q' is confident:
-        its token `regen` ends the block), else the full verifier takes over; `bonus`: q''s token after
-        the last draft. The test against q' is x == argmax q' at T = 0 and u < min(1, q'(x)/p(x))."""
+        s [γ + 1, V] slim verifier q'. Per position i (draft x): `keep` (x is kept without q; `direct`: its
+        counter is settled_direct, zone A's in zones=note, the untested tier's in zones=gated), else
+        `regenerate` (q' is confident: its token `regen` ends the block), else the full verifier takes over;
+        `bonus`: q''s token after the last draft. The test against q' is x == argmax q' at T = 0 and u < min(1, q'(x)/p(x))."""
         cfg, sampler = self.config, state.sampler.stream("via_sd").for_device(s.device)
         p = p.to(s.device)
         gamma = len(drafts)
@@ -142,8 +142,8 @@ class VIASD(Method):
             regen = torch.where(has_residual, drawn[:gamma], s_top[:gamma])
             bonus = drawn[gamma:]
         if cfg.zones == "note":
-            direct = torch.zeros_like(passes)
             keep, regenerate = passes, ~passes & confident
+            direct = keep
         else:
             direct = picks_x & self._agree(p, s_drafts, px, sx)
             keep, regenerate = direct | (confident & passes), ~direct & confident & ~passes
@@ -174,7 +174,7 @@ class VIASD(Method):
         for i, x in enumerate(drafts):
             if plan["keep"][i]:
                 settled.append(x)
-                tiers.append(DIRECT if plan["direct"][i] or self.config.zones == "note" else SLIM)
+                tiers.append(DIRECT if plan["direct"][i] else SLIM)
             elif plan["regenerate"][i]:  # q' rejects x and is confident: its own token ends the block
                 return self._finish(state, len(drafts), settled, tiers, plan["regen"][i], t0, t1)
             else:
