@@ -152,8 +152,12 @@ class MaskCost:
         self.starts = [0] * len(sequences) if block is None or starts is None else [max(0, s) for s in starts]
         self.num_layers = target.num_layers
         full = TargetModel(self.model)
-        self.full = full if block is not None else None  # decode: its cache holds the full model's prefix KV
-        self.reference = [self._logprobs(full, seq)[start:] for seq, start in zip(sequences, self.starts)]
+        self.full = full if block is not None else None  # decode: restores the full model's cached KV
+        self.reference, self.checkpoints = [], []
+        for seq, start in zip(sequences, self.starts):
+            self.reference.append(self._logprobs(full, seq)[start:])  # leaves the whole sequence's KV cached
+            if block is not None:
+                self.checkpoints.append(self._checkpoints(seq, start))
         self.drafter = None if drafter is None else [self._logprobs(drafter, seq)[start:]
                                                      for seq, start in zip(sequences, self.starts)]
         self.cache: dict[tuple[int, ...], float] = {}
@@ -164,22 +168,42 @@ class MaskCost:
         out = lm.forward(torch.tensor(seq), torch.arange(len(seq)), None)
         return torch.log_softmax(out.logits, -1)
 
-    def _decode_logprobs(self, layers: tuple[int, ...], seq: list[int], start: int) -> torch.Tensor:
-        """Rows start.. of q_z as decoding computes them (`block`): block after block, one read-only pass
-        through `layers` over the full model's cache, then the block's full pass extends that cache (the
-        cache only grows, as in decoding: a sliding-window layer cannot be cut back past its window)."""
-        full, block = self.full, self.block
-        full.reset()
-        if start:
-            full.forward(torch.tensor(seq[:start]), torch.arange(start), None)
-        out = []
-        for c in range(start, len(seq), block):
-            rows = seq[c:c + block]
-            depths = list(range(len(rows)))
-            out.append(torch.log_softmax(full.forward(rows, depths, None, active_layers=layers).logits, -1))
-            if full.cache_len == c and c + block < len(seq):  # a read-only pass (not every layer) left it
-                full.forward(rows, depths, None)
-        return torch.cat(out)
+    def _block_starts(self, seq: list[int], start: int) -> list[int]:
+        return list(range(start, len(seq), self.block))
+
+    def _checkpoints(self, seq: list[int], start: int) -> list[tuple[int, tuple]]:
+        """Snapshots of the full model's cache that every block's start can be cut back to, computed once
+        for all masks: the whole sequence's (just cached by the reference pass) where the cut is exact,
+        else one at each block start, made block by block (a sliding layer keeps only its window)."""
+        full = self.full
+        if all(full.can_cut_to(c) for c in self._block_starts(seq, start)):
+            return [(len(seq), full.snapshot())]
+        full.reset(len(seq))
+        checkpoints, cached = [], 0
+        for c in self._block_starts(seq, start):
+            if c > cached:
+                full.forward(torch.tensor(seq[cached:c]), torch.arange(c - cached), None)
+            checkpoints.append((c, full.snapshot()))
+            cached = c
+        return checkpoints
+
+    def _decode_logprobs(self, layers: tuple[int, ...], k: int) -> torch.Tensor:
+        """Rows start.. of q_z as decoding computes them (`block`): for each block, one read-only pass
+        through `layers` over the full model's KV of everything before it. The blocks run last first, so
+        one snapshot of the whole sequence serves them all: each is cut back to its block's start, and a
+        pass writes only at and after that start."""
+        full, seq, checkpoints = self.full, self.sequences[k], self.checkpoints[k]
+        out, restored = [], None
+        for c in reversed(self._block_starts(seq, self.starts[k])):
+            length, snapshot = next((n, snap) for n, snap in checkpoints if n >= c)
+            if length != restored:
+                full.restore(snapshot)
+                restored = length
+            full.truncate(c)
+            rows = seq[c:c + self.block]
+            out.append(torch.log_softmax(full.forward(rows, list(range(len(rows))), None,
+                                                      active_layers=layers).logits, -1))
+        return torch.cat(out[::-1])
 
     def __call__(self, skip) -> float:
         from decoding.engine.target import TargetModel
@@ -189,8 +213,8 @@ class MaskCost:
             layers = kept_layers(key, self.num_layers)
             slim = TargetModel(self.model, layers=layers) if self.block is None else None
             total, count = 0.0, 0
-            for k, (ref, seq, start) in enumerate(zip(self.reference, self.sequences, self.starts)):
-                logq = self._logprobs(slim, seq) if slim is not None else self._decode_logprobs(layers, seq, start)
+            for k, (ref, seq) in enumerate(zip(self.reference, self.sequences)):
+                logq = self._logprobs(slim, seq) if slim is not None else self._decode_logprobs(layers, k)
                 if self.drafter is None:
                     total += float((ref.exp() * (ref - logq)).sum())
                 else:  # KL(p || q_z) + KL(q_z || q)

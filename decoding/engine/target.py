@@ -25,6 +25,7 @@ the prefill, layer subsets and longer blocks stay eager.
 
 from __future__ import annotations
 
+import copy
 import inspect
 from dataclasses import dataclass, field
 
@@ -197,6 +198,24 @@ class TargetModel:
                 layer.length = length
         for layer in self._unbuffered_cached():
             attention_layout.cut(layer, length)
+
+    def can_cut_to(self, length: int) -> bool:
+        """True when `truncate(length)` leaves what a fresh pass over the first `length` tokens would: always
+        without sliding layers; with them, only while they still hold every key (the cache is within the
+        window) or nothing is cut (they keep only the last window - 1 keys)."""
+        if self._sliding_layer is None or length == self.cache_len:
+            return True
+        return self.cache_len <= self.layout.windows[attention_layout.SLIDING] - 1
+
+    def snapshot(self) -> tuple:
+        """A copy of the cache to come back to with `restore` (a copy: forwards write the KV buffer in place)."""
+        if self.graphs is not None:
+            raise ValueError("snapshot: the CUDA graphs read one KV buffer in place; build the wrapper without graphs")
+        return copy.deepcopy((self.cache, self._buffered))
+
+    def restore(self, snapshot: tuple) -> None:
+        """The cache as `snapshot` took it (a fresh copy each time, so a snapshot can be restored again)."""
+        self.cache, self._buffered = copy.deepcopy(snapshot)
 
     def _unbuffered_cached(self):
         """The cache's layers outside the KV buffer that hold keys (sliding ones; all of them with kv_buffer=False)."""

@@ -63,33 +63,46 @@ def test_cost_is_zero_without_skipping_and_positive_with(tiny_llama):
     assert cost((1, 2)) == cost((2, 1))  # cached by mask
 
 
-def test_decode_calibration_is_the_slim_pass_over_the_full_models_prefix(tiny_llama):
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])  # gemma3: 8-token sliding windows, crossed by the blocks
+def test_decode_calibration_is_the_slim_pass_over_the_full_models_prefix(arch):
     """block=b: row t of q_z comes from a pass through the kept layers over the block of b rows holding t,
     on top of the full model's KV of every earlier block (computed here block by block from a fresh
-    prefill of each prefix); zero without skipping, and not the cost of the slim model from scratch."""
+    prefill of each prefix); zero without skipping, and not the cost of the slim model from scratch.
+    The cost restores snapshots of the full model's cache: one of the whole sequence (llama), or one per
+    block where a sliding layer keeps only its window (gemma3); a second mask must not see the first's passes."""
     import torch
 
     from decoding.engine.target import TargetModel
     from decoding.drafting.routing import kept_layers
+    from pipeline.zoo import random_target
 
-    seqs, starts, skip = [[10, 11, 12, 13, 14, 15, 16, 17], [20, 21, 22, 23, 24]], [2, 1], (1,)
-    cost = MaskCost(tiny_llama, seqs, block=3, starts=starts)
-    assert cost(()) == pytest.approx(0.0, abs=1e-5)
-    layers = kept_layers(skip, tiny_llama.num_layers)
-    total, count = 0.0, 0
-    for seq, start in zip(seqs, starts):
-        full = TargetModel(tiny_llama.model)
-        ref = MaskCost._logprobs(full, seq)
-        for c in range(start, len(seq), 3):
-            full.reset()
-            if c:
+    target = random_target("tiny", arch=arch)
+    gen = torch.Generator().manual_seed(1)
+    seqs = [torch.randint(3, 500, (n,), generator=gen).tolist() for n in (22, 13)]
+    starts, block = [9, 1], 3
+    cost = MaskCost(target, seqs, block=block, starts=starts)
+    assert [len(c) for c in cost.checkpoints] == ([1, 1] if arch == "llama" else [5, 4])
+
+    def fresh(skip):
+        layers = kept_layers(skip, target.num_layers)
+        total, count = 0.0, 0
+        for seq, start in zip(seqs, starts):
+            full = TargetModel(target.model)
+            ref = MaskCost._logprobs(full, seq)
+            for c in range(start, len(seq), block):
+                full.reset()
                 full.forward(torch.tensor(seq[:c]), torch.arange(c), None)
-            rows = seq[c:c + 3]
-            logq = torch.log_softmax(full.forward(rows, list(range(len(rows))), None, active_layers=layers).logits, -1)
-            total += float((ref[c:c + 3].exp() * (ref[c:c + 3] - logq)).sum())
-            count += len(rows)
-    assert cost(skip) == pytest.approx(total / count, rel=1e-4)
-    assert cost(skip) != pytest.approx(MaskCost(tiny_llama, seqs)(skip), rel=1e-2)
+                rows = seq[c:c + block]
+                logq = torch.log_softmax(full.forward(rows, list(range(len(rows))), None,
+                                                      active_layers=layers).logits, -1)
+                total += float((ref[c:c + block].exp() * (ref[c:c + block] - logq)).sum())
+                count += len(rows)
+        return total / count
+
+    assert cost(()) == pytest.approx(0.0, abs=1e-5)
+    for skip in [(1,), (2, 3), (1,)]:  # cached by mask the third time
+        assert cost(skip) == pytest.approx(fresh(skip), rel=1e-4)
+    assert cost((1,)) != pytest.approx(MaskCost(target, seqs)((1,)), rel=1e-2)
 
 
 def test_topk_study_resumes_with_known_masks_first_and_exports_a_loadable_mask(dimr_cfg, tmp_path):

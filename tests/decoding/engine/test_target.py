@@ -58,3 +58,33 @@ def test_truncate_drops_a_suffix(tiny_target):
     out = target.forward(torch.tensor([20]), torch.tensor([0]), None)
     ref = sequential_logits(target, [10, 11, 12, 20])[-1]
     torch.testing.assert_close(out.logits[0], ref, atol=1e-4, rtol=1e-4)
+
+
+def test_restore_returns_to_a_snapshot_after_the_cache_was_cut_and_overwritten(tiny_target):
+    """The KV buffer is written in place, so a snapshot must be a copy; each restore is a fresh copy."""
+    target = tiny_target
+    target.prefill([10, 11, 12, 13, 14, 15])
+    snapshot = target.snapshot()
+    ref = sequential_logits(target, [10, 11, 12, 13, 14, 15, 20])[-1]
+    for _ in range(2):
+        target.truncate(2)
+        target.forward(torch.tensor([30, 31, 32, 33]), torch.arange(4), None)  # overwrites rows 2-5 of the buffer
+        target.restore(snapshot)
+        assert target.cache_len == 6
+        out = target.forward(torch.tensor([20]), torch.tensor([0]), None)
+        torch.testing.assert_close(out.logits[0], ref, atol=1e-4, rtol=1e-4)
+
+
+def test_a_cut_below_a_sliding_window_is_refused_once_keys_left_it():
+    from pipeline.zoo import random_target
+
+    assert can_cut_after(random_target("tiny", arch="llama"), 20, 3)  # no sliding layer: any cut is exact
+    gemma = random_target("tiny", arch="gemma3")  # 8-token windows: a sliding layer keeps the last 7 keys
+    assert can_cut_after(gemma, 7, 2) and can_cut_after(gemma, 20, 20) and not can_cut_after(gemma, 20, 19)
+
+
+def can_cut_after(target, cached: int, length: int) -> bool:
+    target.reset()
+    target.forward(torch.arange(3, 3 + cached), torch.arange(cached), None)
+    target.truncate(cached)  # as prefill leaves it: a sliding layer back to its window
+    return target.can_cut_to(length)
