@@ -2,7 +2,9 @@
 (and of the self-speculative baseline `method=sd drafter=slim`), searched offline per model.
 
 Cost of a mask z: the mean KL(q || q_z) between the full target q and the slim model q_z (layers z
-skipped, shared embeddings / head) over every position of calibration sequences, teacher-forced.
+skipped, shared embeddings / head) over the positions of calibration sequences, teacher-forced, with q_z
+computed as VIA-SD's slim verifier computes it (`calibration=decode`) or as the slim drafter does
+(`calibration=prefill`).
 Calibration sequences are the target's own greedy continuations of GSM8K test questions that are
 NOT in the evaluation subset (the first `eval_limit` of the `eval_subset_seed` shuffle, i.e.
 GSM-100 of conf/task/gsm8k.yaml), so the search never sees evaluation prompts. First and last
@@ -70,9 +72,10 @@ class DIMRObjectiveConfig:
     drafter_head: Optional[str] = None  # objective=between: p's trained exit head (conf/drafter/exit_head.yaml's head)
     calibration_prompts: int = 4  # GSM8K questions outside the evaluation subset
     calibration_tokens: int = 48  # the target's greedy continuation of each, teacher-forced
-    # decode: q_z as decoding runs it, blocks of `calibration_block` rows through the kept layers over the full
-    # model's cached prefix, on the answers' positions | prefill: the slim model over whole sequences from an
-    # empty cache (every position's KV through the kept layers; how the shipped smollm2-135m-dimr was searched)
+    # decode: q_z as VIA-SD's slim verifier runs it, blocks of `calibration_block` rows through the kept layers
+    # over the full model's cached prefix, on the answers' positions | prefill: the slim model over whole
+    # sequences from an empty cache (every position's KV through the kept layers), as `drafter=slim` runs it
+    # with its own cache: the cost for a slim drafter's mask (how the shipped smollm2-135m-dimr was searched)
     calibration: str = "decode"
     calibration_block: int = 6  # decode: rows per slim pass (γ + 1 of the default drafter, γ = 5)
     eval_limit: int = 100  # the evaluation subset excluded from calibration: first eval_limit of the
