@@ -156,11 +156,14 @@ class MaskCost:
         self.num_layers = target.num_layers
         full = TargetModel(self.model)
         self.full = full if block is not None else None  # decode: restores the full model's cached KV
-        self.reference, self.checkpoints = [], []
+        self.reference, self.snapshots = [], []
         for seq, start in zip(sequences, self.starts):
-            self.reference.append(self._logprobs(full, seq)[start:])  # leaves the whole sequence's KV cached
+            self.reference.append(self._logprobs(full, seq)[start:])  # leaves every key of the sequence cached
             if block is not None:
-                self.checkpoints.append(self._checkpoints(seq, start))
+                if not full.can_cut_to(start):
+                    raise RuntimeError("DIMR decode calibration: the full model's cache cannot be cut back "
+                                       "to the answer's start (a sliding layer dropped keys)")
+                self.snapshots.append(full.snapshot())
         self.drafter = None if drafter is None else [self._logprobs(drafter, seq)[start:]
                                                      for seq, start in zip(sequences, self.starts)]
         self.cache: dict[tuple[int, ...], float] = {}
@@ -174,34 +177,18 @@ class MaskCost:
     def _block_starts(self, seq: list[int], start: int) -> list[int]:
         return list(range(start, len(seq), self.block))
 
-    def _checkpoints(self, seq: list[int], start: int) -> list[tuple[int, tuple]]:
-        """Snapshots of the full model's cache that every block's start can be cut back to, computed once
-        for all masks: the whole sequence's (just cached by the reference pass) where the cut is exact,
-        else one at each block start, made block by block (a sliding layer keeps only its window)."""
-        full = self.full
-        if all(full.can_cut_to(c) for c in self._block_starts(seq, start)):
-            return [(len(seq), full.snapshot())]
-        full.reset(len(seq))
-        checkpoints, cached = [], 0
-        for c in self._block_starts(seq, start):
-            if c > cached:
-                full.forward(torch.tensor(seq[cached:c]), torch.arange(c - cached), None)
-            checkpoints.append((c, full.snapshot()))
-            cached = c
-        return checkpoints
-
     def _decode_logprobs(self, layers: tuple[int, ...], k: int) -> torch.Tensor:
         """Rows start.. of q_z as decoding computes them (`block`): for each block, one read-only pass
-        through `layers` over the full model's KV of everything before it. The blocks run last first, so
-        one snapshot of the whole sequence serves them all: each is cut back to its block's start, and a
-        pass writes only at and after that start."""
-        full, seq, checkpoints = self.full, self.sequences[k], self.checkpoints[k]
-        out, restored = [], None
-        for c in reversed(self._block_starts(seq, self.starts[k])):
-            length, snapshot = next((n, snap) for n, snap in checkpoints if n >= c)
-            if length != restored:
-                full.restore(snapshot)
-                restored = length
+        through `layers` over the full model's KV of everything before it. The full model's passes are the
+        same for every mask: its cache of the whole sequence (`snapshots`, from the reference pass) is
+        restored and cut back to each block's start. The blocks run last first, so one restore serves them
+        all: a pass writes only at and after its block's start. A sliding layer cut to one block's start keeps
+        only its window, so where the next block needs older keys the snapshot is restored again."""
+        full, seq = self.full, self.sequences[k]
+        out = []
+        for i, c in enumerate(reversed(self._block_starts(seq, self.starts[k]))):
+            if i == 0 or not full.can_cut_to(c):
+                full.restore(self.snapshots[k])
             full.truncate(c)
             rows = seq[c:c + self.block]
             out.append(torch.log_softmax(full.forward(rows, list(range(len(rows))), None,

@@ -125,12 +125,21 @@ def offset(layer) -> int:
     return layer.cumulative_length - layer.keys.shape[-2]
 
 
+def exact_cut(layer, length: int) -> bool:
+    """Whether `cut(layer, length)` leaves every key the next token can see: a sliding layer must still
+    hold the window - 1 positions before `length` (it may have dropped older ones)."""
+    if not getattr(layer, "is_sliding", False):
+        return True
+    return offset(layer) <= max(0, length - (layer.sliding_window - 1))
+
+
 def cut(layer, length: int) -> None:
     """Keep the layer's keys of positions < `length`; a sliding layer then keeps only the last
     window - 1 of them (all the next token can see) and counts `length` tokens seen."""
     start = offset(layer)
-    if length < start:
-        raise ValueError(f"cannot cut a sliding layer to {length} tokens: it keeps positions from {start} on")
+    if not exact_cut(layer, length):
+        raise ValueError(f"cannot cut a sliding layer to {length} tokens: it keeps positions from {start} on, "
+                         f"fewer than the window before that length")
     if layer.keys.shape[-2] > length - start:
         layer.keys = layer.keys[:, :, : length - start]
         layer.values = layer.values[:, :, : length - start]

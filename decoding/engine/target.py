@@ -201,11 +201,9 @@ class TargetModel:
 
     def can_cut_to(self, length: int) -> bool:
         """True when `truncate(length)` leaves what a fresh pass over the first `length` tokens would: always
-        without sliding layers; with them, only while they still hold every key (the cache is within the
-        window) or nothing is cut (they keep only the last window - 1 keys)."""
-        if self._sliding_layer is None or length == self.cache_len:
-            return True
-        return self.cache_len <= self.layout.windows[attention_layout.SLIDING] - 1
+        without sliding layers; with them, while each still holds the window - 1 keys before `length` (after
+        a forward it holds them all until the next cut, which keeps only the last window - 1)."""
+        return all(attention_layout.exact_cut(layer, length) for layer in self._unbuffered_cached())
 
     def snapshot(self) -> tuple:
         """A copy of the cache to come back to with `restore` (a copy: forwards write the KV buffer in place)."""
@@ -215,6 +213,8 @@ class TargetModel:
 
     def restore(self, snapshot: tuple) -> None:
         """The cache as `snapshot` took it (a fresh copy each time, so a snapshot can be restored again)."""
+        if self.graphs is not None:
+            raise ValueError("restore: the CUDA graphs read one KV buffer in place; build the wrapper without graphs")
         self.cache, self._buffered = copy.deepcopy(snapshot)
 
     def _unbuffered_cached(self):

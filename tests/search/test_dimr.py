@@ -68,8 +68,9 @@ def test_decode_calibration_is_the_slim_pass_over_the_full_models_prefix(arch):
     """block=b: row t of q_z comes from a pass through the kept layers over the block of b rows holding t,
     on top of the full model's KV of every earlier block (computed here block by block from a fresh
     prefill of each prefix); zero without skipping, and not the cost of the slim model from scratch.
-    The cost restores snapshots of the full model's cache: one of the whole sequence (llama), or one per
-    block where a sliding layer keeps only its window (gemma3); a second mask must not see the first's passes."""
+    The cost restores a snapshot of the full model's cache of the whole sequence, once per sequence (llama)
+    or again where a sliding layer cut to a later block kept only its window (gemma3); a second mask must
+    not see the first's passes."""
     import torch
 
     from decoding.engine.target import TargetModel
@@ -79,9 +80,11 @@ def test_decode_calibration_is_the_slim_pass_over_the_full_models_prefix(arch):
     target = random_target("tiny", arch=arch)
     gen = torch.Generator().manual_seed(1)
     seqs = [torch.randint(3, 500, (n,), generator=gen).tolist() for n in (22, 13)]
-    starts, block = [9, 1], 3
+    starts, block = [9, 0], 3
     cost = MaskCost(target, seqs, block=block, starts=starts)
-    assert [len(c) for c in cost.checkpoints] == ([1, 1] if arch == "llama" else [5, 4])
+    restores = []
+    restore = cost.full.restore
+    cost.full.restore = lambda snapshot: (restores.append(snapshot), restore(snapshot))
 
     def fresh(skip):
         layers = kept_layers(skip, target.num_layers)
@@ -91,7 +94,8 @@ def test_decode_calibration_is_the_slim_pass_over_the_full_models_prefix(arch):
             ref = MaskCost._logprobs(full, seq)
             for c in range(start, len(seq), block):
                 full.reset()
-                full.forward(torch.tensor(seq[:c]), torch.arange(c), None)
+                if c:
+                    full.forward(torch.tensor(seq[:c]), torch.arange(c), None)
                 rows = seq[c:c + block]
                 logq = torch.log_softmax(full.forward(rows, list(range(len(rows))), None,
                                                       active_layers=layers).logits, -1)
@@ -100,6 +104,8 @@ def test_decode_calibration_is_the_slim_pass_over_the_full_models_prefix(arch):
         return total / count
 
     assert cost(()) == pytest.approx(0.0, abs=1e-5)
+    # one restore per sequence; with 8-token windows, again wherever a block needs keys the last cut dropped
+    assert len(restores) == (2 if arch == "llama" else 5 + 3)
     for skip in [(1,), (2, 3), (1,)]:  # cached by mask the third time
         assert cost(skip) == pytest.approx(fresh(skip), rel=1e-4)
     assert cost((1,)) != pytest.approx(MaskCost(target, seqs)((1,)), rel=1e-2)

@@ -1,5 +1,6 @@
 """Tree attention and KV compaction on tiny llama and qwen3 models."""
 
+import pytest
 import torch
 
 from decoding.engine.tree import TokenTree
@@ -80,11 +81,19 @@ def test_a_cut_below_a_sliding_window_is_refused_once_keys_left_it():
 
     assert can_cut_after(random_target("tiny", arch="llama"), 20, 3)  # no sliding layer: any cut is exact
     gemma = random_target("tiny", arch="gemma3")  # 8-token windows: a sliding layer keeps the last 7 keys
-    assert can_cut_after(gemma, 7, 2) and can_cut_after(gemma, 20, 20) and not can_cut_after(gemma, 20, 19)
+    assert can_cut_after(gemma, 7, 2) and can_cut_after(gemma, 20, 20) and can_cut_after(gemma, 20, 17, after=17)
+    assert not can_cut_after(gemma, 20, 19) and not can_cut_after(gemma, 20, 16, after=17)
+    assert can_cut_after(gemma, 20, 3, cut=False)  # after a forward, before any cut: it holds every key
+    gemma.truncate(20)  # keys of positions 13-19 kept
+    with pytest.raises(ValueError, match="cannot cut a sliding layer"):
+        gemma.truncate(16)  # would leave 3 of the 7 keys the next token sees, without a word
 
 
-def can_cut_after(target, cached: int, length: int) -> bool:
+def can_cut_after(target, cached: int, length: int, cut: bool = True, after: int | None = None) -> bool:
+    """Whether `target` can cut to `length` after a forward of `cached` tokens, then (`cut`) a cut to
+    `cached` as prefill leaves it (a sliding layer back to its window), or to `after`."""
     target.reset()
     target.forward(torch.arange(3, 3 + cached), torch.arange(cached), None)
-    target.truncate(cached)  # as prefill leaves it: a sliding layer back to its window
+    if cut:
+        target.truncate(cached if after is None else after)
     return target.can_cut_to(length)
