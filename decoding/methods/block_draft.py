@@ -16,9 +16,12 @@ import torch
 from decoding.drafting.dflash_drafter import DFlashDrafter, load_drafter
 from decoding.drafting.domino_head import Float32Head
 from decoding.engine.transfer import to_device
-from decoding.engine.loop import DecodeState, Method, StepResult
+from decoding.engine.loop import DecodeState, Method, Proposal, StepResult
 from decoding.engine.target import ForwardOutput, TargetModel
+from decoding.engine.tree import TokenTree
 from pipeline.errors import ConfigError
+
+VERIFY = ("exact", "rejection")  # method.verify of a sampled chain (BlockDraftMethod.sampled_chain)
 
 
 @dataclass
@@ -59,6 +62,14 @@ class BlockDraftMethod(Method):
 
     def prefill_hidden_layers(self) -> tuple[int, ...]:
         return self.taps
+
+    def sampled_chain(self, state: DecodeState, tokens: list[int], probs) -> Proposal:
+        """A chain drafted at T > 0 with its per-position distributions `probs`. `method.verify=exact` (the
+        released DFlash and Domino): the engine draws a target token at each position and follows the draft
+        while it matches, so the distributions are not passed; `rejection` [ours]: they are, and the engine
+        accepts each token with min(1, p/q) (more acceptance, the same output distribution)."""
+        draft_probs = list(probs) if self.config.verify == "rejection" else None
+        return Proposal(TokenTree.chain(state.root, tokens, draft_probs), hidden_layers=self.taps)
 
     def on_prefill(self, state: DecodeState, output: ForwardOutput) -> None:
         self.new_context = self._features(output, None)

@@ -15,10 +15,11 @@ from typing import Optional
 
 import torch
 
-from decoding.methods.block_draft import BlockDraftMethod
+from decoding.methods.block_draft import VERIFY, BlockDraftMethod
 from decoding.engine.loop import DecodeState, Proposal
 from decoding.engine.transfer import to_host
 from decoding.engine.tree import TokenTree
+from pipeline.errors import check_choice
 
 
 @dataclass
@@ -28,9 +29,14 @@ class DFlashConfig:
     # checkpoint: local folder or HF hub id; null = the model's `drafters.dflash` entry
     drafter: Optional[str] = None
     # False = the reference code's draft, always the block's argmax (z-lab issue #74; lossless at any
-    # T, every committed token is a target sample); True = z-lab PR #77: sampled at T and verified by
-    # rejection sampling (usually higher acceptance at T > 0)
+    # T, every committed token is a target sample); True = z-lab PR #77: sampled at T
     sample_draft: bool = False
+    # a sampled draft's verification: exact (DFlash's exact-match chain: a target token drawn per position,
+    # the draft followed while it matches) | rejection (ours: min(1, p/q) per token, more acceptance)
+    verify: str = "exact"
+
+    def __post_init__(self) -> None:
+        check_choice("method.verify", self.verify, VERIFY)
 
 
 class DFlash(BlockDraftMethod):
@@ -42,7 +48,7 @@ class DFlash(BlockDraftMethod):
             return Proposal(TokenTree.chain(state.root, logits.argmax(-1).tolist()), hidden_layers=self.taps)
         probs = torch.softmax(logits / state.temperature, dim=-1)
         drafts = to_host(state.sampler.for_device(probs.device).categorical(probs))[0]
-        return Proposal(TokenTree.chain(state.root, drafts, list(probs)), hidden_layers=self.taps)
+        return self.sampled_chain(state, drafts, probs)
 
 
 CONFIG = DFlashConfig

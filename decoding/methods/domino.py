@@ -8,7 +8,8 @@ so each drafted token depends on the tokens actually drafted before it.
         t_{k+1} = argmax over pool C of base[k] + W2 . SiLU(W1 [z_k; h])    (sampled at T > 0)
         h = GRUCell(embed(t_{k+1}), h)
 C = top-`candidate_pool` tokens of max_k base[k] (Domino's DFLASH_DOMINO_CANDIDATE_POOL; 0 = full vocab).
-The chain is verified by the engine; sampled drafts carry their distribution, so T > 0 stays lossless.
+The chain is verified by the engine, by exact match (a sampled draft too, as released) or, with
+`method.verify=rejection` [ours], by rejection sampling against the distribution it was drawn from.
 """
 
 from __future__ import annotations
@@ -22,13 +23,13 @@ import torch.nn.functional as F
 from decoding.engine.compiled import maybe_compiled
 from decoding.engine import cuda_graph
 from decoding.engine.cuda_graph import GraphReplayer
-from decoding.methods.block_draft import BlockDraftMethod
+from decoding.methods.block_draft import VERIFY, BlockDraftMethod
 from decoding.engine.loop import DecodeState, Proposal
 from decoding.engine.sampling import probabilities
 from decoding.engine.transfer import to_host
 from decoding.engine.tree import TokenTree
 from decoding.drafting.domino_head import gru_step
-from pipeline.errors import check_range
+from pipeline.errors import check_choice, check_range
 
 
 @dataclass
@@ -37,7 +38,10 @@ class DominoConfig:
     name: str = "domino"
     drafter: Optional[str] = None  # local folder or HF hub id; null = the model's `drafters.domino`
     candidate_pool: int = 2048  # Domino's released rollout: correction over the top-2048 pool (0 = full vocab)
-    sample_draft: bool = True  # released Domino samples the draft at T (verified by rejection sampling)
+    sample_draft: bool = True  # released Domino samples the draft at T
+    # ... and verifies it by exact match (DFlash's chain: a target token drawn per position, the draft followed
+    # while it matches) | rejection (ours: the draft's distribution carried, min(1, p/q) per token)
+    verify: str = "exact"
     compile: bool = False  # torch.compile the correction chain (decoding/engine/compiled.py): one compile per run
     # on CUDA, replay the corrected positions from one CUDA graph per round (decoding/engine/cuda_graph.py), not
     # ~14 kernel launches per position; not used with compile (torch.compile makes its own program)
@@ -45,6 +49,7 @@ class DominoConfig:
 
     def __post_init__(self) -> None:
         check_range("method.candidate_pool", self.candidate_pool, 0)
+        check_choice("method.verify", self.verify, VERIFY)
 
 
 class Domino(BlockDraftMethod):
@@ -71,8 +76,9 @@ class Domino(BlockDraftMethod):
         tokens, dists = corrected_chain(self.head, self.embed, draft.hidden, base, state.root, prefix, pool,
                                         temperature, state.sampler.for_device(base.device), self.chain)
         drafted = to_host(tokens)[0]
-        draft_probs = [None] * len(drafted) if dists is None else list(dists.unbind(0))
-        return Proposal(TokenTree.chain(state.root, drafted, draft_probs), hidden_layers=self.taps)
+        if dists is None:  # a greedy draft
+            return Proposal(TokenTree.chain(state.root, drafted), hidden_layers=self.taps)
+        return self.sampled_chain(state, drafted, dists.unbind(0))
 
 
 def corrected_chain(head, embed, z, base, root: int, prefix: int, pool, temperature: float, sampler,

@@ -13,7 +13,8 @@ rather than marginal distribution.
 Ablations: `scoring=marginal` (path-independent top-K of base: the DDTree analogue on the Domino
 backbone, built as DDTree's trees are, `decoding/drafting/marginal_tree.py`) and `budget=cond_adaptive`
 (CaDDTree's cost-aware stop on conditional scores, capped at `max_budget`; the paper reports it saturates,
-so the cap-hit share is recorded).
+per issue #4, so the cap-hit share is recorded). The public code leaves CondAdaptive out: this builder is our
+reconstruction, and `max_budget` (64) is our default.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ METHODS = {
     "ddtree": (ddtree, {"budget": 12}),
     "caddtree": (caddtree, {"max_budget": 24, **SMALL_PROFILE}),
     "domino": (domino, {}),
-    "domino_pool": (domino, {"candidate_pool": 20}),
+    "domino_pool": (domino, {"candidate_pool": 20, "verify": "rejection"}),
     "dominotree": (dominotree, {}),
     "dominotree_reference": (dominotree, {"builder": "reference"}),
     "dominotree_marginal": (dominotree, {"scoring": "marginal"}),
@@ -185,6 +185,31 @@ def test_sampled_domino_drafts_carry_their_pool_distribution_over_the_whole_voca
             if node > prefix:  # a corrected position: support inside the pool of 20 candidates
                 assert int((q > 0).sum()) <= 20
     assert chains[0] == chains[1]
+
+
+@pytest.mark.parametrize("module", [domino, dflash])
+def test_a_sampled_chain_is_verified_by_exact_match_unless_rejection_is_asked_for(module, tiny_llama, drafter_dirs,
+                                                                                 monkeypatch, tmp_path):
+    """The released DFlash and Domino verify a sampled draft by exact match: the chain carries no
+    distributions (the engine then draws a target token per position); `verify=rejection` carries them.
+    The draft itself is the same draw."""
+    from decoding.engine.loop import DecodeState
+
+    kind = "domino" if module is domino else "dflash"
+    chains = {}
+    for verify in ("exact", "rejection"):
+        cfg = module.CONFIG(drafter=drafter_dirs["llama"][kind], sample_draft=True, verify=verify)
+        method = get_class(cfg._target_)(cfg)
+        method.setup(tiny_llama)
+        state = DecodeState(tiny_llama, [7, 30, 31, 30, 31, 30], 1.0, 8, set(), seed=5)
+        method.on_prefill(state, tiny_llama.prefill(state.prompt_ids[:-1], method.prefill_hidden_layers()))
+        method.begin(state)
+        chains[verify] = method.propose(state).tree
+    assert all(q is None for q in chains["exact"].draft_probs)
+    assert all(q is not None for q in chains["rejection"].draft_probs[1:])
+    assert chains["exact"].tokens == chains["rejection"].tokens
+    with pytest.raises(ConfigError, match="method.verify"):
+        module.CONFIG(drafter="x", verify="typical")
 
 
 @pytest.mark.parametrize("name", ["domino", "domino_pool", "dominotree"])
