@@ -127,6 +127,8 @@ def method_settings(run_dir: Path, method: str) -> str:
     config_cls = method_configs().get(method)
     defaults = OmegaConf.to_container(OmegaConf.structured(config_cls)) if config_cls else {}
     changed = {k: v for k, v in used.items() if k not in ("_target_", "name") and defaults.get(k, object()) != v}
+    if "verify" in defaults and "verify" not in used and used.get("sample_draft"):
+        changed["verify"] = "rejection"  # a sampled Domino/DFlash chain before `verify` existed (2026-12-05)
     return " ".join(f"{k}={v}" for k, v in sorted(changed.items()))
 
 

@@ -40,7 +40,8 @@ class DominoConfig:
     candidate_pool: int = 2048  # Domino's released rollout: correction over the top-2048 pool (0 = full vocab)
     sample_draft: bool = True  # released Domino samples the draft at T
     # ... and verifies it by exact match (DFlash's chain: a target token drawn per position, the draft followed
-    # while it matches) | rejection (ours: the draft's distribution carried, min(1, p/q) per token)
+    # while it matches) | rejection (ours: the draft's distribution carried, min(1, p/q) per token). Either is
+    # lossless; a greedy draft (sample_draft=false or T=0) is verified the same way by both.
     verify: str = "exact"
     compile: bool = False  # torch.compile the correction chain (decoding/engine/compiled.py): one compile per run
     # on CUDA, replay the corrected positions from one CUDA graph per round (decoding/engine/cuda_graph.py), not
@@ -73,19 +74,20 @@ class Domino(BlockDraftMethod):
             # amax, not max(dim=0): the values-and-indices reduction across rows is ~30x slower on a CPU
             pool = torch.topk(base[prefix:].amax(0), self.config.candidate_pool).indices
         temperature = state.temperature if not state.greedy and self.config.sample_draft else 0.0
+        rejection = self.config.verify == "rejection"
         tokens, dists = corrected_chain(self.head, self.embed, draft.hidden, base, state.root, prefix, pool,
-                                        temperature, state.sampler.for_device(base.device), self.chain)
+                                        temperature, state.sampler.for_device(base.device), self.chain, rejection)
         drafted = to_host(tokens)[0]
-        if dists is None:  # a greedy draft
+        if dists is None:  # a greedy draft, or one verified by exact match
             return Proposal(TokenTree.chain(state.root, drafted), hidden_layers=self.taps)
         return self.sampled_chain(state, drafted, dists.unbind(0))
 
 
 def corrected_chain(head, embed, z, base, root: int, prefix: int, pool, temperature: float, sampler,
-                    chain=None):
+                    chain=None, distributions: bool = True):
     """The chain of the module docstring, on the device: the K drafted tokens [K] (argmax, or drawn at
-    `temperature` > 0) and, at T > 0, the distributions they were drawn from [K, V] (zero outside the
-    pool at corrected positions), else None. Per round: z's W1 part for every position, the pool's base
+    `temperature` > 0) and, at T > 0 with `distributions` (rejection-sampling verification), the
+    distributions they were drawn from [K, V] (zero outside the pool at corrected positions), else None. Per round: z's W1 part for every position, the pool's base
     logits, and the round's Gumbel noise (scaled by T: argmax(logits + T g) is a draw from
     softmax(logits / T)); the uncorrected prefix in one pick; the corrected positions by `chain`
     (chain_picks, its compiled form or its CUDA-graph replay); the distributions in one softmax after it."""
@@ -104,7 +106,7 @@ def corrected_chain(head, embed, z, base, root: int, prefix: int, pool, temperat
         picks, corrected = (chain or chain_picks)(table, head.w_next_t, head.w2, z_proj, base_pool[prefix:], noise,
                                                   first, pool)
         tokens = torch.cat([first[1:], picks])
-    if temperature <= 0:
+    if temperature <= 0 or not distributions:
         return tokens, None
     dists = probabilities(corrected, temperature)
     if pool is not None:  # zero outside the pool: the distribution the draw came from, over the vocabulary

@@ -110,3 +110,16 @@ def test_wandb_comparison_run_has_the_table_and_images(sweep_dir, tmp_path, monk
     table = json.loads(table_file.read_text())
     assert table["columns"][:4] == ["model", "task", "temperature", "method"] and len(table["data"]) == 3
     assert len(list(offline.glob("files/media/images/*.png"))) == 2  # speedup, tau
+
+
+def test_a_sampled_chain_saved_before_verify_existed_is_labelled_rejection(tmp_path):
+    """Runs saved before `method.verify` (2026-12-05) verified a sampled Domino/DFlash chain by rejection
+    sampling; without a label they would share a row with today's exact-match runs."""
+    old, new = tmp_path / "old", tmp_path / "new"
+    for folder, verify in ((old, ""), (new, "  verify: exact\n")):
+        folder.mkdir()
+        (folder / "run_config.yaml").write_text("method:\n  name: domino\n  sample_draft: true\n" + verify)
+    assert report.method_settings(old, "domino") == "verify=rejection"
+    assert report.method_settings(new, "domino") == ""
+    (old / "run_config.yaml").write_text("method:\n  name: dflash\n")  # a greedy DFlash chain: nothing to label
+    assert report.method_settings(old, "dflash") == ""

@@ -120,7 +120,8 @@ def test_greedy_equals_ar(name, tiny_target, drafter_dirs, monkeypatch, tmp_path
 
 
 @pytest.mark.parametrize("temperature", [0.5, 1.0])
-@pytest.mark.parametrize("name", ["dflash", "ddtree", "caddtree", "domino", "domino_pool", "dominotree", "cond_adaptive"])
+@pytest.mark.parametrize("name", ["dflash", "dflash_sampled_draft", "ddtree", "caddtree", "domino", "domino_pool",
+                                  "dominotree", "cond_adaptive"])
 def test_sampling_keeps_the_target_distribution(name, temperature, tiny_llama, drafter_dirs, monkeypatch, tmp_path):
     method = build(name, drafter_dirs, tiny_llama, monkeypatch, tmp_path)
     prompt = [7, 30, 31, 30, 31, 30]
