@@ -13,8 +13,8 @@ rather than marginal distribution.
 Ablations: `scoring=marginal` (path-independent top-K of base: the DDTree analogue on the Domino
 backbone, built as DDTree's trees are, `decoding/drafting/marginal_tree.py`) and `budget=cond_adaptive`
 (CaDDTree's cost-aware stop on conditional scores, capped at `max_budget`; this project's issue #4, which
-filed it, says the paper found it saturates, so the cap-hit share is recorded). The public code leaves CondAdaptive out: this builder is our
-reconstruction, and `max_budget` (64) is our default.
+filed it, says the paper found it saturates, so the cap-hit share is recorded). The public code leaves
+CondAdaptive out: this builder is our reconstruction, and `max_budget` (64) is our default.
 """
 
 from __future__ import annotations
