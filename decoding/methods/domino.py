@@ -89,8 +89,9 @@ def corrected_chain(head, embed, z, base, root: int, prefix: int, pool, temperat
     `temperature` > 0) and, at T > 0 with `distributions` (rejection-sampling verification), the
     distributions they were drawn from [K, V] (zero outside the pool at corrected positions), else None.
     Per round: z's W1 part for every position, the pool's base logits, and the round's Gumbel noise
-    (scaled by T: argmax(logits + T g) is a draw from softmax(logits / T)); the uncorrected prefix in one pick; the corrected positions by `chain`
-    (chain_picks, its compiled form or its CUDA-graph replay); the distributions in one softmax after it."""
+    (scaled by T: argmax(logits + T g) is a draw from softmax(logits / T)); the uncorrected prefix in one
+    pick; the corrected positions by `chain` (chain_picks, its compiled form or its CUDA-graph replay); the
+    distributions in one softmax after it."""
     table = head.input_table(embed)  # [V, 3G]: a GRU step's input is a row of it
     base_pool = base if pool is None else base.index_select(1, pool)  # [K, C]
     z_proj = z[prefix:].float() @ head.w_z.t()  # [K - prefix, E]
