@@ -282,7 +282,8 @@ def test_compiled_domino_chain_drafts_as_the_eager_one_and_decodes_as_ar(tiny_ll
         (want, want_rows), (got, got_rows) = chain_picks(*args), compiled(*args)
         assert torch.equal(got, want)
         torch.testing.assert_close(got_rows, want_rows, rtol=1e-5, atol=1e-5)
-    cfg = domino.DominoConfig(drafter=drafter_dirs["llama"]["domino"], candidate_pool=20, compile=True)
+    cfg = domino.DominoConfig(drafter=drafter_dirs["llama"]["domino"], candidate_pool=20, compile=True,
+                              verify="rejection")  # as domino_pool, so that the sampled runs match
     fast = domino.Domino(cfg)
     fast.setup(tiny_llama)
     assert fast.chain is not chain_picks and method.chain is chain_picks  # the option chose the compiled chain
