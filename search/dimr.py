@@ -174,9 +174,6 @@ class MaskCost:
         out = lm.forward(torch.tensor(seq), torch.arange(len(seq)), None)
         return torch.log_softmax(out.logits, -1)
 
-    def _block_starts(self, seq: list[int], start: int) -> list[int]:
-        return list(range(start, len(seq), self.block))
-
     def _decode_logprobs(self, layers: tuple[int, ...], k: int) -> torch.Tensor:
         """Rows start.. of q_z as decoding computes them (`block`): for each block, one read-only pass
         through `layers` over the full model's KV of everything before it. The full model's passes are the
@@ -186,7 +183,7 @@ class MaskCost:
         only its window, so where the next block needs older keys the snapshot is restored again."""
         full, seq = self.full, self.sequences[k]
         out = []
-        for i, c in enumerate(reversed(self._block_starts(seq, self.starts[k]))):
+        for i, c in enumerate(reversed(range(self.starts[k], len(seq), self.block))):
             if i == 0 or not full.can_cut_to(c):
                 full.restore(self.snapshots[k])
             full.truncate(c)

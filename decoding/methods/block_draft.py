@@ -63,12 +63,17 @@ class BlockDraftMethod(Method):
     def prefill_hidden_layers(self) -> tuple[int, ...]:
         return self.taps
 
+    @property
+    def verifies_by_rejection(self) -> bool:
+        """`method.verify=rejection` [ours]: a sampled chain carries its distributions and the engine accepts
+        each token with min(1, p/q); `exact` (the released DFlash and Domino): the engine draws a target token
+        at each position and follows the draft while it matches (less acceptance, the same output distribution)."""
+        return self.config.verify == "rejection"
+
     def sampled_chain(self, state: DecodeState, tokens: list[int], probs) -> Proposal:
-        """A chain drafted at T > 0 with its per-position distributions `probs`. `method.verify=exact` (the
-        released DFlash and Domino): the engine draws a target token at each position and follows the draft
-        while it matches, so the distributions are not passed; `rejection` [ours]: they are, and the engine
-        accepts each token with min(1, p/q) (more acceptance, the same output distribution)."""
-        draft_probs = list(probs) if self.config.verify == "rejection" else None
+        """The chain of `tokens` drafted at T > 0 from the per-position distributions `probs` (None where the
+        method did not compute them), which it carries only when verified by rejection sampling."""
+        draft_probs = list(probs) if probs is not None and self.verifies_by_rejection else None
         return Proposal(TokenTree.chain(state.root, tokens, draft_probs), hidden_layers=self.taps)
 
     def on_prefill(self, state: DecodeState, output: ForwardOutput) -> None:

@@ -27,7 +27,6 @@ from decoding.methods.block_draft import VERIFY, BlockDraftMethod
 from decoding.engine.loop import DecodeState, Proposal
 from decoding.engine.sampling import probabilities
 from decoding.engine.transfer import to_host
-from decoding.engine.tree import TokenTree
 from decoding.drafting.domino_head import gru_step
 from pipeline.errors import check_choice, check_range
 
@@ -74,13 +73,11 @@ class Domino(BlockDraftMethod):
             # amax, not max(dim=0): the values-and-indices reduction across rows is ~30x slower on a CPU
             pool = torch.topk(base[prefix:].amax(0), self.config.candidate_pool).indices
         temperature = state.temperature if not state.greedy and self.config.sample_draft else 0.0
-        rejection = self.config.verify == "rejection"
         tokens, dists = corrected_chain(self.head, self.embed, draft.hidden, base, state.root, prefix, pool,
-                                        temperature, state.sampler.for_device(base.device), self.chain, rejection)
-        drafted = to_host(tokens)[0]
-        if dists is None:  # a greedy draft, or one verified by exact match
-            return Proposal(TokenTree.chain(state.root, drafted), hidden_layers=self.taps)
-        return self.sampled_chain(state, drafted, dists.unbind(0))
+                                        temperature, state.sampler.for_device(base.device), self.chain,
+                                        self.verifies_by_rejection)
+        # dists: None for a greedy draft, or one verified by exact match
+        return self.sampled_chain(state, to_host(tokens)[0], None if dists is None else dists.unbind(0))
 
 
 def corrected_chain(head, embed, z, base, root: int, prefix: int, pool, temperature: float, sampler,
