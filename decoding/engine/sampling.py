@@ -5,7 +5,10 @@ reproducible on a given device. Its torch.Generator is created on the sampler's 
 of the target's logits), because PyTorch refuses a CPU generator for a CUDA tensor; a tensor on
 any other device is refused with one clear line on every device, CPU included, so a mistake shows
 in CPU tests too. A component whose tensors live elsewhere (a separate drafter on another GPU)
-asks for `for_device(d)`: a sampler on d, seeded from the same prompt seed.
+asks for `for_device(d)`: a sampler on d, seeded from the prompt seed and d. Never the same seed: two
+CUDA devices run the same Philox stream from equal seeds, so a drafter on cuda:1 would draw its tokens
+with the very uniforms the target's verification draws on cuda:0, coupling draft and check (exact-match
+verification would accept more than its protocol does; rejection sampling would lose its losslessness).
 
 Draws return device tensors; the caller moves what it needs to the host once per step
 (`decoding.engine.transfer.to_host`), never per token or per node. Categorical draws use the inverse CDF (cumsum +
@@ -41,7 +44,7 @@ class Sampler:
         if _same_device(device, self.device):
             return self
         if device not in self._others:
-            self._others[device] = Sampler(self.seed, device)
+            self._others[device] = Sampler(_derived_seed(self.seed, f"device:{device}"), device)
         return self._others[device]
 
     def stream(self, name: str) -> "Sampler":
@@ -50,7 +53,7 @@ class Sampler:
         tokens the shared verification draws, exactly as they are without them."""
         key = f"stream:{name}"
         if key not in self._others:
-            self._others[key] = Sampler((self.seed * 1_000_003 + zlib.crc32(name.encode())) % 2**63, self.device)
+            self._others[key] = Sampler(_derived_seed(self.seed, name), self.device)
         return self._others[key]
 
     def check(self, tensor: torch.Tensor) -> None:
@@ -118,6 +121,10 @@ class ChainDraws:
         if self.sampled:
             return torch.stack(self.rows)
         return probabilities(torch.stack(self.rows), self.temperature) if needed else None
+
+
+def _derived_seed(seed: int, name: str) -> int:
+    return (seed * 1_000_003 + zlib.crc32(name.encode())) % 2**63
 
 
 def _same_device(a: torch.device, b: torch.device) -> bool:

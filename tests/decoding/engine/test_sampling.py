@@ -27,12 +27,16 @@ def test_a_tensor_from_another_device_is_refused_with_one_line():
         sampler.categorical(torch.full((4,), 0.25))
 
 
-def test_for_device_gives_a_sampler_on_that_device_with_the_same_seed():
-    sampler = Sampler(7, "cpu")
-    assert sampler.for_device("cpu") is sampler
+def test_for_device_gives_a_sampler_on_that_device_with_its_own_seed():
+    sampler = Sampler(7, "cuda:0")
+    assert sampler.for_device("cuda") is sampler
     other = sampler.for_device("cuda:1")
-    assert other.device == torch.device("cuda", 1) and other.seed == 7
-    assert sampler.for_device("cuda:1") is other
+    assert other.device == torch.device("cuda", 1) and sampler.for_device("cuda:1") is other
+    # equal seeds on two CUDA devices are one Philox stream: a drafter there would draw with the
+    # target's own uniforms. Each device's seed is its own, and reproducible from the prompt seed.
+    seeds = {sampler.seed, other.seed, sampler.for_device("cuda:2").seed, sampler.for_device("cpu").seed}
+    assert len(seeds) == 4
+    assert Sampler(7, "cuda:0").for_device("cuda:1").seed == other.seed
 
 
 def test_same_seed_same_draws_and_named_streams_are_independent():
