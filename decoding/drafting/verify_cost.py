@@ -19,6 +19,7 @@ best node (path probability delta) only while the surrogate throughput rises:
 from __future__ import annotations
 
 import json
+import logging
 import math
 import statistics
 import time
@@ -29,6 +30,8 @@ import numpy as np
 import torch
 
 from decoding.engine.transfer import synchronize
+
+log = logging.getLogger(__name__)
 
 
 def fit_monotone_convex(xs, ys) -> np.ndarray:
@@ -73,7 +76,16 @@ class VerifyCostModel:
     def verify_curve(self, context: int) -> np.ndarray:
         """Cv(n, ctx) for n = 0 .. max_nodes at one context: interpolated in n, and in context between
         the profiled lengths (clamped outside them)."""
+        self._note_past_grid(context)
         return _interp_rows(context, self.context_lengths, self.per_context())
+
+    def _note_past_grid(self, context: int) -> None:
+        """Once per model: a context past the grid is priced as the last one (the reference clamps too),
+        which underprices verification there and lets trees grow; the grid should reach the run's contexts."""
+        if context > self.context_lengths[-1] and not getattr(self, "_warned_past_grid", False):
+            self._warned_past_grid = True
+            log.warning("context %d is past the last profiled one (%d): its verify cost is priced as there; "
+                        "extend method.profile_context_lengths", context, self.context_lengths[-1])
 
     def per_context(self) -> np.ndarray:
         """[C, max_nodes + 1]: every profiled context's fitted curve interpolated at every node count
@@ -92,6 +104,7 @@ class VerifyCostModel:
         if context <= xs[0] or len(xs) == 1:
             return rows[0].__getitem__
         if context >= xs[-1]:
+            self._note_past_grid(context)
             return rows[-1].__getitem__
         j = int(np.searchsorted(xs, context)) - 1
         w = (context - xs[j]) / (xs[j + 1] - xs[j])

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -32,10 +32,11 @@ class CaDDTreeConfig:
     drafter: Optional[str] = None  # local folder or HF hub id; null = the model's `drafters.dflash`
     max_budget: int = 1024  # CaDDTree `max_tree_budget`
     # profiling grid. Node counts: null = 0, 1, 2, 4, ... up to max_budget (the reference profiles
-    # n = 1..1024); a given grid must reach max_budget. Contexts: the reference uses 0..8192 on GPUs;
-    # fewer here (cheaper on CPUs), and beyond the last one Cv is clamped as in the reference.
+    # n = 1..1024); a given grid must reach max_budget. Contexts: null = the reference's 0..8192 (step
+    # 1024) on a GPU, 64 / 512 / 1024 on a CPU (cheaper; CPU runs are short); beyond the last one Cv is
+    # clamped as in the reference, with a warning. Repeats: the reference takes 20 after 5 warm-ups.
     profile_node_counts: Optional[list[int]] = None
-    profile_context_lengths: list[int] = field(default_factory=lambda: [64, 512, 1024])
+    profile_context_lengths: Optional[list[int]] = None
     profile_repeats: int = 5
 
     def __post_init__(self) -> None:
@@ -55,8 +56,17 @@ def check_profile_grid(cfg) -> None:
     if counts[-1] < cfg.max_budget:
         raise ConfigError(f"method.profile_node_counts ends at {counts[-1]} but method.max_budget={cfg.max_budget}: "
                           "the cost model must be profiled up to the largest tree it may admit")
-    if not cfg.profile_context_lengths or sorted(set(cfg.profile_context_lengths)) != list(cfg.profile_context_lengths):
+    contexts = cfg.profile_context_lengths
+    if contexts is not None and (not contexts or sorted(set(contexts)) != list(contexts)):
         raise ConfigError("method.profile_context_lengths must be increasing, at least one value")
+
+
+def profiled_contexts(cfg, device: torch.device) -> list[int]:
+    """`method.profile_context_lengths`, or its default for the device: a GPU run reaches thousands of
+    tokens (dominotree_table: 2048 new ones), and a context past the grid is priced as its last one."""
+    if cfg.profile_context_lengths is not None:
+        return list(cfg.profile_context_lengths)
+    return list(range(0, 8193, 1024)) if torch.device(device).type == "cuda" else [64, 512, 1024]
 
 
 def machine_cost_model(method: BlockDraftMethod, target: TargetModel, cfg) -> "VerifyCostModel":  # noqa: F821
@@ -73,10 +83,11 @@ def machine_cost_model(method: BlockDraftMethod, target: TargetModel, cfg) -> "V
     def draft_once():
         method.lm_head(method.drafter.draft(cache, committed, block, cache.length + len(committed)))
 
-    grid = json.dumps([list(cfg.profile_node_counts), list(cfg.profile_context_lengths), cfg.profile_repeats])
+    contexts = profiled_contexts(cfg, target.device)
+    grid = json.dumps([list(cfg.profile_node_counts), contexts, cfg.profile_repeats])
     key = machine_key(target, cfg.drafter) + "-" + hashlib.sha1(grid.encode()).hexdigest()[:10]
     return cached_cost_model(key, lambda: profile_verify_cost(
-        target, list(cfg.profile_node_counts), list(cfg.profile_context_lengths), cfg.profile_repeats, draft_once))
+        target, list(cfg.profile_node_counts), contexts, cfg.profile_repeats, draft_once))
 
 
 class CaDDTree(BlockDraftMethod):

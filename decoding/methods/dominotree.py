@@ -50,7 +50,7 @@ class DominoTreeConfig:
     # cost-model profiling grid for cond_adaptive (see method=caddtree; null node counts = 0, 1, 2, 4, ...
     # up to max_budget)
     profile_node_counts: Optional[list[int]] = None
-    profile_context_lengths: list[int] = field(default_factory=lambda: [64, 512, 1024])
+    profile_context_lengths: Optional[list[int]] = None  # null: as method=caddtree, per device
     profile_repeats: int = 5
 
     def __post_init__(self) -> None:

@@ -284,6 +284,26 @@ def test_the_default_profile_grid_reaches_the_admitted_budget_and_short_grids_ar
         CaDDTreeConfig(profile_node_counts=[0, 1, 2, 4, 8, 16, 32, 64, 128])
 
 
+def test_the_default_context_grid_reaches_gpu_run_lengths_and_a_longer_context_warns_once(caplog):
+    """dominotree_table decodes 2048 new tokens on GPUs: a grid ending at 1024 priced most rounds as if
+    at 1024. The default is the reference's 0..8192 on a GPU; past the grid, one warning says so."""
+    from decoding.methods.caddtree import CaDDTreeConfig, profiled_contexts
+    from decoding.methods.dominotree import DominoTreeConfig
+
+    assert profiled_contexts(CaDDTreeConfig(), torch.device("cuda", 0)) == list(range(0, 8193, 1024))
+    assert profiled_contexts(DominoTreeConfig(budget="cond_adaptive"), torch.device("cpu")) == [64, 512, 1024]
+    assert profiled_contexts(CaDDTreeConfig(profile_context_lengths=[8, 64]), torch.device("cuda")) == [8, 64]
+    cost = VerifyCostModel([0, 10], [0, 1000], [[1.0, 1.2], [2.0, 2.2]], draft_s=0.3)
+    with caplog.at_level("WARNING"):
+        cost.verify_curve(1000)
+        assert not caplog.records
+        CostAwareStop(cost, 1500)
+        cost.verify_curve(3000)
+    assert [r.getMessage() for r in caplog.records] == [
+        "context 1500 is past the last profiled one (1000): its verify cost is priced as there; "
+        "extend method.profile_context_lengths"]
+
+
 @pytest.mark.parametrize("pool_size", [0, 12])
 @pytest.mark.parametrize("seed", range(3))
 def test_the_fast_domino_chain_equals_the_module_call_chain(seed, pool_size, tiny_drafter):
