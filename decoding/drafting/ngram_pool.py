@@ -21,6 +21,8 @@ class NGramPool:
         self.table: dict[int, list[tuple[int, ...]]] = {}
 
     def add(self, key: int, ngram: Sequence[int]) -> None:
+        if self.cap <= 0:  # G = 0: Lookahead's Jacobi-only mode keeps no candidates (lade skips the map)
+            return
         ngram = tuple(ngram)
         entries = self.table.setdefault(key, [])
         if ngram in entries:

@@ -72,6 +72,20 @@ def test_pool_harvests_each_columns_diagonal_keyed_by_its_first_token(tiny_llama
     assert all(len(g) == 3 for grams in m.pool.table.values() for g in grams)
 
 
+def test_a_zero_guess_set_runs_the_jacobi_window_alone_and_matches_ar(tiny_llama):
+    """G = 0 (lade: verify nothing, keep no map) used to crash at the first harvest (an LRU drop from an
+    empty list); Self-Draft's context_cache_size = 0 shares the pool."""
+    from decoding.methods.self_draft import SelfDraft, SelfDraftConfig
+
+    prompt = [7, 30, 31, 32]
+    ar = generate(AR(), tiny_llama, prompt, max_new_tokens=12).new_tokens
+    m = Lookahead(LookaheadConfig(ngram_size=4, window_size=3, guess_set_size=0))
+    assert generate(m, tiny_llama, prompt, max_new_tokens=12).new_tokens == ar
+    assert len(m.pool) == 0
+    s = SelfDraft(SelfDraftConfig(branch_len=4, branch_num=3, context_cache_size=0))
+    assert generate(s, tiny_llama, prompt, max_new_tokens=12).new_tokens == ar
+
+
 @pytest.mark.parametrize("field, value", [("ngram_size", 2), ("window_size", 0), ("guess_set_size", -1)])
 def test_bad_values_are_config_errors(field, value):
     with pytest.raises(ConfigError, match=f"method.{field}"):
