@@ -34,6 +34,7 @@ from decoding.drafting.eagle3_drafter import (Eagle3Drafter, Eagle3Spec, default
                                              save_eagle3, vocab_mapping)
 from pipeline.errors import ConfigError
 from pipeline.train.config import TrainConfig
+from pipeline.train.exit_head import Readout
 from pipeline.train.trainer import (autocast, check_leg, learning_rate, make_wandb, progress_bar, publish,
                                     resume_state, _rope_theta, save_state, start_run, target_final_norm_gain,
                                     training_record, training_samples)
@@ -104,14 +105,14 @@ def ttt_hidden(drafter: Eagle3Drafter, embed, feats, ids, ttt_length: int):
         hidden = h
 
 
-def ttt_steps(drafter: Eagle3Drafter, embed, feats, finals, unembed, ids, prompt_len: int, ttt_length: int):
+def ttt_steps(drafter: Eagle3Drafter, embed, feats, finals, readout: Readout, ids, prompt_len: int, ttt_length: int):
     """Per step j: (soft-CE loss, top-1 agreement [T-1] bool, valid [T-1] bool) over the rows t = 0..T-2."""
     n = len(ids) - 1
     t2d = drafter.t2d
     # the target's distribution at every position, once per sequence (step j reads rows t+1+j), in fp32 even
     # inside the trainer's bf16 autocast
     with torch.no_grad(), torch.autocast(finals.device.type, enabled=False):
-        full = finals.float() @ unembed.float().t()  # [T, V]
+        full = readout.teacher(finals.float())  # [T, V], soft-capped as the target's (Gemma 2)
         best_all = full.argmax(-1)
         teacher_all = torch.softmax(full[:, t2d], dim=-1)  # renormalised over the draft vocabulary
         del full
@@ -161,13 +162,13 @@ def continued_eagle3(location: str, folder: Path, target_config, layer_ids: list
 
 
 @torch.no_grad()
-def validate(drafter, embed, unembed, target, samples, d) -> dict:
+def validate(drafter, embed, readout, target, samples, d) -> dict:
     agree = [0.0] * d.ttt_length
     count = [0] * d.ttt_length
     accept, rows = 0.0, 0
     for s in samples:
         feats, finals = teacher_pass(target, s["ids"], drafter.spec.aux_layer_ids)
-        steps = ttt_steps(drafter, embed, feats, finals, unembed, s["ids"].to(feats.device), s["prompt_len"],
+        steps = ttt_steps(drafter, embed, feats, finals, readout, s["ids"].to(feats.device), s["prompt_len"],
                           d.ttt_length)
         for j, (_, a, ok) in enumerate(steps):
             agree[j] += float((a & ok).sum())
@@ -212,7 +213,7 @@ def train_eagle3(cfg: TrainConfig, run_config: dict, show_progress: bool = True)
     check_leg(state_dir, out_dir, d.init_from, init_folder, prior_steps)
     model.train()
     embed = target.get_input_embeddings()
-    unembed = target.get_output_embeddings().weight.detach().float()
+    readout = Readout(target)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=d.lr,
                                   betas=(0.9, 0.95), weight_decay=0.0)
     resume_path = state_dir / "train_state.pt"
@@ -225,7 +226,7 @@ def train_eagle3(cfg: TrainConfig, run_config: dict, show_progress: bool = True)
         save_eagle3(model, out_dir)
         if not (final or step % (5 * d.checkpoint_every) == 0):
             return {}
-        metrics = validate(model.eval(), embed, unembed, target, val, d)
+        metrics = validate(model.eval(), embed, readout, target, val, d)
         model.train()
         return metrics
 
@@ -241,7 +242,7 @@ def train_eagle3(cfg: TrainConfig, run_config: dict, show_progress: bool = True)
                 ids = s["ids"][:d.max_train_len]
                 feats, finals = teacher_pass(target, ids, layer_ids)
                 with autocast(cfg, target.device):
-                    steps = ttt_steps(model, embed, feats, finals, unembed, ids.to(feats.device), s["prompt_len"],
+                    steps = ttt_steps(model, embed, feats, finals, readout, ids.to(feats.device), s["prompt_len"],
                                       d.ttt_length)
                     loss = sum(d.ttt_decay ** j * loss_j for j, (loss_j, _, _) in enumerate(steps))
                 (loss / d.seqs_per_step).backward()

@@ -125,6 +125,7 @@ def test_shipped_smollm2_eagle3_chain_accepts_at_every_step_what_its_validation_
     computations' rounding could flip a step (none did on the machines it was written on), so one may differ."""
     from decoding.methods.eagle3 import Eagle3, Eagle3Config
     from pipeline.train.eagle3 import teacher_pass, ttt_steps
+    from pipeline.train.exit_head import Readout
 
     if real_target.config.model_type != "llama":
         pytest.skip("the shipped EAGLE-3 drafter is SmolLM2-135M's")
@@ -138,8 +139,8 @@ def test_shipped_smollm2_eagle3_chain_accepts_at_every_step_what_its_validation_
     ids = torch.tensor(prompt + state.new_tokens)
     with torch.no_grad():
         feats, finals = teacher_pass(real_target.model, ids, list(method.taps))
-        steps = ttt_steps(method.drafter, method.embed, feats, finals,
-                          real_target.model.get_output_embeddings().weight.float(), ids, len(prompt), length)
+        steps = ttt_steps(method.drafter, method.embed, feats, finals, Readout(real_target.model), ids, len(prompt),
+                          length)
     agree = torch.stack([a & ok for _, a, ok in steps])  # [length, T-1]: row t drafts after root t + 1
     run = agree.int().cumprod(0).sum(0)
     # the draft at row root - 1 predicts the token after the root; a last step may accept drafts past the

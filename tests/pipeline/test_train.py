@@ -405,3 +405,29 @@ def test_bf16_autocast_defaults_to_where_bf16_is_native(setting, native, want, m
         assert torch.is_autocast_enabled("cpu") == want
     assert compose_train(["drafter=eagle3"]).drafter.bf16_autocast is None
     assert compose_train(["drafter=eagle3", "drafter.bf16_autocast=false"]).drafter.bf16_autocast is False
+
+
+def test_the_eagle3_teacher_is_the_targets_own_distribution_soft_cap_included():
+    """The training-time test's soft labels come from the target's readout as decoding sees it: on a
+    Gemma 2 target that includes the final logit soft cap (it was a plain matmul: a sharper teacher)."""
+    from pipeline.train.eagle3 import new_eagle3, teacher_pass, ttt_steps
+    from pipeline.train.exit_head import Readout
+    from pipeline.zoo import mixed_prompts, random_target
+
+    target = random_target("tiny", arch="gemma2").model
+    assert target.config.final_logit_softcapping
+    ids = torch.tensor(mixed_prompts(1, 40)[0])
+    feats, finals = teacher_pass(target, ids, [0, 1, 2])
+    with torch.no_grad():
+        torch.testing.assert_close(Readout(target).teacher(finals), target(ids[None]).logits[0].float())
+
+    class Recorded(Readout):
+        calls = 0
+
+        def teacher(self, finals):
+            Recorded.calls += 1
+            return super().teacher(finals)
+
+    drafter = new_eagle3(target.config, [0, 1, 2], 40, torch.arange(target.config.vocab_size).flip(0).float(), 0)
+    steps = ttt_steps(drafter, target.get_input_embeddings(), feats, finals, Recorded(target), ids, 10, 2)
+    assert Recorded.calls == 1 and len(steps) == 2 and torch.isfinite(steps[0][0])
