@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from decoding.drafting.eagle3_drafter import load_eagle3
+from decoding.drafting.eagle3_drafter import fitted_embeddings, load_eagle3
 from decoding.engine.sampling import ChainDraws, Sampler
 from decoding.engine.transfer import to_device, to_host
 from pipeline.errors import ConfigError
@@ -31,13 +31,7 @@ class Eagle3ChainDrafter:
         self.model = load_eagle3(location, device=target.device, dtype=target.dtype)
         spec, cfg = self.model.spec, target.config
         self.hidden_layers = tuple(spec.layer_ids(cfg.num_hidden_layers))
-        if spec.target_hidden_size != cfg.hidden_size or spec.vocab_size != cfg.vocab_size or \
-                max(self.hidden_layers) >= cfg.num_hidden_layers:
-            raise ConfigError(f"drafter=eagle3: {location} does not fit this target (hidden {spec.target_hidden_size} "
-                              f"vs {cfg.hidden_size}, vocab {spec.vocab_size} vs {cfg.vocab_size}, layers "
-                              f"{list(self.hidden_layers)} of {cfg.num_hidden_layers})")
-        own = self.model.embed_tokens
-        self.embed = own if own is not None else target.model.get_input_embeddings()
+        self.embed = fitted_embeddings(self.model, self.hidden_layers, target, f"drafter=eagle3: {location}")
         self.target = target
         self.vocab_size = cfg.vocab_size
         self.draft_to_target = self.model.to_target_ids(torch.arange(spec.draft_vocab_size, device=target.device))

@@ -46,6 +46,24 @@ def default_aux_layer_ids(num_target_layers: int) -> list[int]:
     return [1, num_target_layers // 2 - 1, num_target_layers - 4]
 
 
+def fitted_embeddings(drafter: "Eagle3Drafter", taps, target, who: str) -> nn.Module:
+    """The table the drafter embeds tokens with (its own, else the target's), once the drafter is checked
+    to fit the target (`who` starts the error line). Taps must be outputs of layers 0..L-2: the last
+    layer's output is read after the final norm by HF's `hidden_states` (training) but before it by the
+    engine (decoding), so a drafter tapping it would decode on other features than it was trained on."""
+    spec, cfg = drafter.spec, target.config
+    layers = cfg.num_hidden_layers
+    if spec.target_hidden_size != cfg.hidden_size or spec.vocab_size != cfg.vocab_size or len(taps) != 3 \
+            or not all(0 <= i <= layers - 2 for i in taps):
+        raise ConfigError(f"{who} does not fit this target (hidden {spec.target_hidden_size} vs {cfg.hidden_size}, "
+                          f"vocab {spec.vocab_size} vs {cfg.vocab_size}, layers {list(taps)}: three of 0..{layers - 2})")
+    own = drafter.embed_tokens
+    if own is None and spec.hidden_size != cfg.hidden_size:
+        raise ConfigError(f"{who} is {spec.hidden_size} wide and has no embed_tokens of its own; the target's are "
+                          f"{cfg.hidden_size} wide")
+    return own if own is not None else target.model.get_input_embeddings()
+
+
 @dataclass
 class Eagle3Spec:
     hidden_size: int
@@ -71,6 +89,9 @@ class Eagle3Spec:
             kind = rope.get("rope_type", rope.get("type", "default"))
             if kind not in ("default", "linear"):
                 raise ConfigError(f"{where}: rope type {kind!r} is not supported (default or linear)")
+            # SpecForge variants this drafter does not implement; each would load and read out wrongly
+            if cfg.get("norm_output", True) is False or cfg.get("fc_norm"):
+                raise ConfigError(f"{where}: SpecForge's norm_output=false / fc_norm variants are not supported")
             eagle = cfg.get("eagle_config") or {}
             layer_ids = eagle.get("eagle_aux_hidden_state_layer_ids", cfg.get("eagle_aux_hidden_state_layer_ids"))
             if layer_ids and int(layer_ids[0]) >= 2:  # vLLM / EAGLE ids name a layer's input: ours - 1
@@ -264,6 +285,10 @@ def load_eagle3(location: str, device=None, dtype=None) -> Eagle3Drafter:
     if spec.draft_vocab_size == spec.vocab_size:  # EAGLE drops the mapping when the vocabularies agree
         state.setdefault("d2t", torch.zeros(spec.draft_vocab_size, dtype=torch.long))
         state.setdefault("t2d", torch.ones(spec.vocab_size, dtype=torch.bool))
+    if "d2t" in state and "t2d" not in state:  # vLLM reads d2t only; t2d is the set of ids it maps to
+        t2d = torch.zeros(spec.vocab_size, dtype=torch.bool)
+        t2d[torch.arange(len(state["d2t"])) + state["d2t"].long()] = True
+        state["t2d"] = t2d
     expected = set(model.state_dict())
     missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
     if missing or unexpected:

@@ -17,7 +17,7 @@ from typing import Optional
 
 import torch
 
-from decoding.drafting.eagle3_drafter import load_eagle3
+from decoding.drafting.eagle3_drafter import fitted_embeddings, load_eagle3
 from decoding.drafting.eagle_tree import chain, dynamic_tree
 from decoding.engine.loop import DecodeState, Method, Proposal, StepResult
 from decoding.engine.target import ForwardOutput, TargetModel
@@ -53,18 +53,8 @@ class Eagle3(Method):
             raise ConfigError("method=eagle3: no EAGLE-3 drafter is known for this model; set method.drafter=<folder "
                               "or HF hub id> (train one: python -m pipeline.train drafter=eagle3)")
         self.drafter = load_eagle3(self.config.drafter, device=target.device, dtype=target.dtype)
-        spec, cfg = self.drafter.spec, target.config
-        self.taps = tuple(self.config.layer_ids or spec.layer_ids(cfg.num_hidden_layers))
-        if (spec.target_hidden_size != cfg.hidden_size or spec.vocab_size != cfg.vocab_size or len(self.taps) != 3
-                or max(self.taps) >= cfg.num_hidden_layers):
-            raise ConfigError(f"method=eagle3: drafter {self.config.drafter} does not fit this target (hidden "
-                              f"{spec.target_hidden_size} vs {cfg.hidden_size}, vocab {spec.vocab_size} vs "
-                              f"{cfg.vocab_size}, layers {list(self.taps)} of {cfg.num_hidden_layers})")
-        own = self.drafter.embed_tokens
-        if own is None and spec.hidden_size != cfg.hidden_size:
-            raise ConfigError(f"method=eagle3: drafter {self.config.drafter} is {spec.hidden_size} wide and has no "
-                              f"embed_tokens of its own; the target's are {cfg.hidden_size} wide")
-        self.embed = own if own is not None else target.model.get_input_embeddings()
+        self.taps = tuple(self.config.layer_ids or self.drafter.spec.layer_ids(target.config.num_hidden_layers))
+        self.embed = fitted_embeddings(self.drafter, self.taps, target, f"method=eagle3: drafter {self.config.drafter}")
         self.target = target
 
     def prefill_hidden_layers(self) -> tuple[int, ...]:

@@ -185,8 +185,8 @@ def train_eagle3(cfg: TrainConfig, run_config: dict, show_progress: bool = True)
     state_dir, out_dir, target, tokenizer = start_run(cfg)
     layers = target.config.num_hidden_layers
     layer_ids = list(d.eagle_layer_ids) or default_aux_layer_ids(layers)
-    if max(layer_ids) >= layers:
-        raise ConfigError(f"drafter.eagle_layer_ids={layer_ids}: model {cfg.model.name} has {layers} layers")
+    if not all(0 <= i <= layers - 2 for i in layer_ids):  # as decoding's fitted_embeddings
+        raise ConfigError(f"drafter.eagle_layer_ids={layer_ids}: model {cfg.model.name} has {layers} layers: taps are outputs of layers 0..{layers - 2}")
 
     samples = training_samples(cfg, target, tokenizer)
     if not 1 <= d.val_sequences < len(samples):

@@ -242,6 +242,7 @@ def test_eagle3_training_raises_chain_acceptance_and_decodes_as_method_eagle3(ti
     from decoding.methods.ar import AR
     from decoding.methods.eagle3 import Eagle3, Eagle3Config
     from pipeline.train.eagle3 import new_eagle3, token_counts, validate
+    from pipeline.train.exit_head import Readout
     from pipeline.train.trainer import train, training_samples
 
     overrides = [o for o in tiny_overrides(tiny_model_dirs["llama"], tmp_path, "eagle3", steps=30)
@@ -254,8 +255,7 @@ def test_eagle3_training_raises_chain_acceptance_and_decodes_as_method_eagle3(ti
     target = AutoModelForCausalLM.from_pretrained(tiny_model_dirs["llama"], dtype=torch.float32).eval()
     samples = training_samples(cfg, target, AutoTokenizer.from_pretrained(tiny_model_dirs["llama"]))
     untrained = new_eagle3(target.config, [0, 1, 2], 40, token_counts(samples[2:], target.config.vocab_size), 0).eval()
-    before = validate(untrained, target.get_input_embeddings(), target.get_output_embeddings().weight.float(), target,
-                      samples[:2], cfg.drafter)
+    before = validate(untrained, target.get_input_embeddings(), Readout(target), target, samples[:2], cfg.drafter)
     assert summary["val/accept_len_chain"] > before["val/accept_len_chain"]
     assert summary["val/top1_step0"] > before["val/top1_step0"]
     assert set(json.loads((tmp_path / "eagle3" / "training.json").read_text())) >= {"val/top1_step2", "tokens"}

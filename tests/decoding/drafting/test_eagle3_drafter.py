@@ -94,10 +94,21 @@ def test_a_checkpoint_that_does_not_fit_is_one_line(tmp_path):
     del state["d2t"]
     with pytest.raises(ConfigError, match=r"tensor names do not match the EAGLE-3 layout \(missing \['d2t'\]"):
         load_eagle3(str(write_checkpoint(tmp_path / "b", published_config(), state)))
+    for variant in ({"norm_output": False}, {"fc_norm": True}):  # SpecForge variants we do not implement
+        with pytest.raises(ConfigError, match="norm_output=false / fc_norm variants are not supported"):
+            Eagle3Spec.from_config(published_config(**variant))
     with pytest.raises(ConfigError, match="rope type 'llama3' is not supported"):
         Eagle3Spec.from_config(published_config(rope_scaling={"rope_type": "llama3", "factor": 8.0}))
     with pytest.raises(ConfigError, match="not an EAGLE-3 draft config"):
         Eagle3Spec.from_config({"hidden_size": 32})
+
+
+def test_a_checkpoint_without_t2d_gets_it_from_d2t(tmp_path):
+    """vLLM reads d2t only, so a checkpoint may carry no t2d: it is the set of target ids d2t maps to."""
+    state = published_tensors()
+    t2d = state.pop("t2d")
+    model = load_eagle3(str(write_checkpoint(tmp_path / "a", published_config(), state)))
+    assert torch.equal(model.t2d, t2d)
 
 
 def test_save_and_load_round_trip_keeps_the_mapping(tmp_path):

@@ -9,6 +9,7 @@ import torch
 
 from decoding.engine.loop import generate
 from decoding.methods.ar import AR
+from decoding.drafting.eagle3_chain import Eagle3ChainDrafter
 from decoding.methods.eagle3 import Eagle3, Eagle3Config
 from pipeline.errors import ConfigError
 
@@ -68,8 +69,13 @@ def test_a_drafter_for_another_target_is_one_line(tiny_llama, tmp_path):
     config = json.loads((tmp_path / "eagle3" / "config.json").read_text())
     config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [1, 7, 9]  # a deeper target's layers
     (tmp_path / "eagle3" / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ConfigError, match=r"does not fit this target .*layers \[1, 7, 9\] of 4"):
+    with pytest.raises(ConfigError, match=r"does not fit this target .*layers \[1, 7, 9\]: three of 0..2"):
         Eagle3(Eagle3Config(drafter=folder)).setup(tiny_llama)
+    # the last layer's output: HF's hidden_states (training) has it after the final norm, the engine before
+    with pytest.raises(ConfigError, match=r"layers \[0, 1, 3\]: three of 0..2"):
+        Eagle3(Eagle3Config(drafter=folder, layer_ids=[0, 1, 3])).setup(tiny_llama)
+    with pytest.raises(ConfigError, match=r"drafter=eagle3: .* does not fit this target"):
+        Eagle3ChainDrafter(folder, tiny_llama)
     with pytest.raises(ConfigError, match="no EAGLE-3 drafter is known for this model"):
         Eagle3(Eagle3Config()).setup(tiny_llama)
 
