@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 
 from decoding.engine.sampling import ChainDraws, Sampler
 from decoding.engine.transfer import to_device, to_host
@@ -62,10 +63,18 @@ class Drafter:
 
     hidden_layers: tuple[int, ...] = ()  # target layers a feature drafter reads (EAGLE-3); none here
 
-    def __init__(self, lm: TargetModel, shares_target: bool = False):
+    def __init__(self, lm: TargetModel, shares_target: bool = False, extra_vocab: int = 0):
         self.lm = lm
         self.shares_target = shares_target  # made of the target's own layers (no weights of its own)
         self.cached: list[int] = []
+        # rows the target's vocabulary has beyond the drafter's (same tokenizer, padded embeddings: e.g.
+        # Qwen2.5-0.5B's 151936 for 7B's 152064): the drafter's logits get them at -inf, so q and p align
+        self.extra_vocab = extra_vocab
+
+    def _logits(self, logits: torch.Tensor) -> torch.Tensor:
+        if not self.extra_vocab:
+            return logits
+        return F.pad(logits, (0, self.extra_vocab), value=float("-inf"))
 
     def begin(self, sequence: list[int], rows_expected: int = 0) -> None:
         """`rows_expected`: the prompt and the answer, to size the drafter's KV buffer (TargetModel.prefill)."""
@@ -102,7 +111,7 @@ class Drafter:
         next_depth = torch.zeros(1, dtype=torch.long, device=device)  # a fed-back draft: one row after the cache
         draws, tokens = ChainDraws(sampler, gamma, temperature), []
         for _ in range(gamma):
-            tokens.append(draws.pick(self.lm.forward(feed, depths, None, last_only=True).logits[-1]))
+            tokens.append(draws.pick(self._logits(self.lm.forward(feed, depths, None, last_only=True).logits[-1])))
             feed, depths = tokens[-1].view(1).to(device), next_depth
         drafted = to_host(torch.stack(tokens))[0]
         self.cached.extend(fed + drafted[:-1])  # the last draft is not fed yet
@@ -124,7 +133,7 @@ class Drafter:
         out = self.lm.forward(rows, list(range(len(rows))), None)
         self.cached.extend(feed)
         self.lm.truncate(len(self.cached))
-        return out.logits[n_new:]
+        return self._logits(out.logits[n_new:])
 
 
 def build_drafter(cfg: DrafterConfig, target: TargetModel) -> Drafter:
@@ -152,11 +161,20 @@ def build_drafter(cfg: DrafterConfig, target: TargetModel) -> Drafter:
     model, tokenizer = load_model(cfg.model)
     if target.tokenizer is not None and tokenizer.get_vocab() != target.tokenizer.get_vocab():
         raise ConfigError(f"drafter model '{cfg.model.name}' does not share the target's tokenizer")
+    extra = output_rows(target.model) - output_rows(model)
+    if extra < 0:
+        raise ConfigError(f"drafter model '{cfg.model.name}' has {output_rows(model)} output rows, more than the "
+                          f"target's {output_rows(target.model)}: it could draft tokens the target has no row for")
     graphs = target.sibling_graphs(next(model.parameters()).device)
     try:
-        return Drafter(TargetModel(model, tokenizer, kv_buffer=target.kv_buffer, graphs=graphs))
+        return Drafter(TargetModel(model, tokenizer, kv_buffer=target.kv_buffer, graphs=graphs), extra_vocab=extra)
     except ConfigError as why:  # only a replayer can make it refuse: the target's graphs go on, the drafter's not
         if graphs is None:
             raise
         log.warning("drafter model '%s' runs without CUDA graphs: %s", cfg.model.name, why)
-        return Drafter(TargetModel(model, tokenizer, kv_buffer=target.kv_buffer))
+        return Drafter(TargetModel(model, tokenizer, kv_buffer=target.kv_buffer), extra_vocab=extra)
+
+
+def output_rows(model) -> int:
+    """The width of a model's logits (its lm_head's rows: config.vocab_size may differ from the tokenizer's)."""
+    return model.get_output_embeddings().weight.shape[0]

@@ -19,9 +19,15 @@ from decoding.engine.transfer import to_device
 from decoding.engine.loop import DecodeState, Method, Proposal, StepResult
 from decoding.engine.target import ForwardOutput, TargetModel
 from decoding.engine.tree import TokenTree
-from pipeline.errors import ConfigError
+from pipeline.errors import ConfigError, check_choice
 
-VERIFY = ("exact", "rejection")  # method.verify of a sampled chain (BlockDraftMethod.sampled_chain)
+def check_verify(cfg) -> None:
+    """`method.verify` of a sampled chain (BlockDraftMethod.sampled_chain): exact | rejection, the latter
+    only with `sample_draft` (an argmax draft is verified by exact match whatever it says)."""
+    check_choice("method.verify", cfg.verify, ("exact", "rejection"))
+    if cfg.verify == "rejection" and not cfg.sample_draft:
+        raise ConfigError("method.verify=rejection verifies a sampled draft: set method.sample_draft=true "
+                          "(an argmax draft is verified by exact match)")
 
 
 @dataclass
@@ -58,7 +64,6 @@ class BlockDraftMethod(Method):
         self.lm_head = target.model.get_output_embeddings()
         self.taps = tuple(spec.target_layer_ids)
         self.head = Float32Head(drafter) if spec.is_domino else None  # the correction runs in fp32
-        # draft positions per pass: with shift_label every block row predicts (row k -> offset k+1)
 
     def prefill_hidden_layers(self) -> tuple[int, ...]:
         return self.taps

@@ -1,6 +1,6 @@
 """DFlash (Chen et al. 2026, z-lab/dflash): a block-diffusion drafter proposes a whole block in one
-pass; the draft is the chain of per-position argmaxes (or samples at T > 0), verified by the
-target in one forward.
+pass; the draft is the chain of per-position argmaxes (with `sample_draft=true`, samples at T > 0),
+verified by the target in one forward.
 
     blk    = [root] + [MASK] * (B - 1)
     h      = drafter(embed(blk), context = tapped target hidden states)   # non-causal block
@@ -15,11 +15,10 @@ from typing import Optional
 
 import torch
 
-from decoding.methods.block_draft import VERIFY, BlockDraftMethod
+from decoding.methods.block_draft import BlockDraftMethod, check_verify
 from decoding.engine.loop import DecodeState, Proposal
 from decoding.engine.transfer import to_host
 from decoding.engine.tree import TokenTree
-from pipeline.errors import check_choice
 
 
 @dataclass
@@ -36,7 +35,7 @@ class DFlashConfig:
     verify: str = "exact"
 
     def __post_init__(self) -> None:
-        check_choice("method.verify", self.verify, VERIFY)
+        check_verify(self)
 
 
 class DFlash(BlockDraftMethod):

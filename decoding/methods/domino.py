@@ -23,12 +23,12 @@ import torch.nn.functional as F
 from decoding.engine.compiled import maybe_compiled
 from decoding.engine import cuda_graph
 from decoding.engine.cuda_graph import GraphReplayer
-from decoding.methods.block_draft import VERIFY, BlockDraftMethod
+from decoding.methods.block_draft import BlockDraftMethod, check_verify
 from decoding.engine.loop import DecodeState, Proposal
 from decoding.engine.sampling import probabilities
 from decoding.engine.transfer import to_host
 from decoding.drafting.domino_head import gru_step
-from pipeline.errors import check_choice, check_range
+from pipeline.errors import check_range
 
 
 @dataclass
@@ -40,7 +40,7 @@ class DominoConfig:
     sample_draft: bool = True  # released Domino samples the draft at T
     # ... and verifies it by exact match (DFlash's chain: a target token drawn per position, the draft followed
     # while it matches) | rejection (ours: the draft's distribution carried, min(1, p/q) per token). Either is
-    # lossless; a greedy draft (sample_draft=false or T=0) is verified the same way by both.
+    # lossless; a greedy draft (T=0) is verified the same way by both (sample_draft=false: exact only).
     verify: str = "exact"
     compile: bool = False  # torch.compile the correction chain (decoding/engine/compiled.py): one compile per run
     # on CUDA, replay the corrected positions from one CUDA graph per round (decoding/engine/cuda_graph.py), not
@@ -49,7 +49,7 @@ class DominoConfig:
 
     def __post_init__(self) -> None:
         check_range("method.candidate_pool", self.candidate_pool, 0)
-        check_choice("method.verify", self.verify, VERIFY)
+        check_verify(self)
 
 
 class Domino(BlockDraftMethod):

@@ -211,6 +211,8 @@ def test_a_sampled_chain_is_verified_by_exact_match_unless_rejection_is_asked_fo
     assert chains["exact"].tokens == chains["rejection"].tokens
     with pytest.raises(ConfigError, match="method.verify"):
         module.CONFIG(drafter="x", verify="typical")
+    with pytest.raises(ConfigError, match="method.verify=rejection verifies a sampled draft"):
+        module.CONFIG(drafter="x", verify="rejection", sample_draft=False)
 
 
 @pytest.mark.parametrize("name", ["domino", "domino_pool", "dominotree"])

@@ -5,6 +5,7 @@ import collections
 import random
 
 import pytest
+import torch
 
 from decoding.methods.ar import AR
 from decoding.drafting.drafter import DrafterConfig
@@ -78,3 +79,37 @@ def assert_matches_target(target, prompt, counts, n):
     observed = [counts[t] for t in top] + [n - sum(counts[t] for t in top)]
     expected = [e * n / sum(expected) for e in expected]  # float sums must match the counts exactly
     assert chisquare(observed, expected).pvalue > 1e-3
+
+
+def test_a_drafter_with_fewer_output_rows_than_the_target_drafts_with_padded_logits(tiny_model_dirs, tmp_path):
+    """Same tokenizer, padded embeddings (Qwen2.5-0.5B: 151936 rows, 7B: 152064): the drafter's q gets the
+    target's extra rows at zero probability, so q and p align (it crashed at p - q); a drafter with more
+    rows than the target is refused."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from decoding.engine.target import TargetModel
+    from pipeline.errors import ConfigError
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dirs["qwen3"])
+    rows = len(tokenizer)
+    config = AutoConfig.from_pretrained(tiny_model_dirs["qwen3"])
+    config.vocab_size = rows + 8
+    torch.manual_seed(1)
+    wide = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    with torch.no_grad():
+        wide.lm_head.weight[rows:] = 0  # padding rows, as trained models never pick them
+    wide.save_pretrained(tmp_path / "wide")
+    tokenizer.save_pretrained(tmp_path / "wide")
+    target = TargetModel(AutoModelForCausalLM.from_pretrained(tmp_path / "wide", dtype=torch.float32).eval(), tokenizer)
+    narrow = DrafterConfig(kind="model", gamma=4, model=ModelConfig(name="tiny-qwen3", path=str(tiny_model_dirs["qwen3"])))
+    prompt = [7, 30, 31, 32, 30, 31]
+    ar = generate(AR(), target, prompt, max_new_tokens=16).new_tokens
+    assert max(ar) < rows
+    assert generate(make_sd(target, narrow), target, prompt, max_new_tokens=16).new_tokens == ar
+    state = generate(make_sd(target, narrow), target, prompt, max_new_tokens=16, temperature=1.0, seed=3)
+    assert len(state.new_tokens) == 16 and state.stats.num_draft_tokens > 0
+    small = TargetModel(AutoModelForCausalLM.from_pretrained(tiny_model_dirs["qwen3"], dtype=torch.float32).eval(),
+                        tokenizer)
+    backwards = DrafterConfig(kind="model", model=ModelConfig(name="wide", path=str(tmp_path / "wide")))
+    with pytest.raises(ConfigError, match=rf"has {rows + 8} output rows, more than the target's {rows}"):
+        make_sd(small, backwards)
