@@ -3,7 +3,8 @@ per-position marginals instead of a single chain.
 
     lp[d]  = top-k log_softmax(logits[d]), k = min(budget, V)       # per depth
     tree   = the `budget` best paths by sum of lp: best-first, as a heap would pop them
-             (built depth by depth, decoding/drafting/marginal_tree.py)
+             (decoding/drafting/marginal_tree.py: by a heap up to 64 nodes, the default 16 included,
+             depth by depth above; the same trees)
     verify the tree in one target forward (tree mask, positions by depth)
 
 Under the drafter's independence assumption, best-first by path probability maximises the

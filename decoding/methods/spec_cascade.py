@@ -34,8 +34,12 @@ RULES = ("chow", "diff", "opt", "v1", "v2", "v3")
 class SpecCascadeConfig:
     _target_: str = "decoding.methods.spec_cascade.SpeculativeCascade"
     name: str = "spec_cascade"
-    rule: str = "opt"  # deferral rule: chow | diff | opt | v1 | v2 | v3 (paper §4-5; OPT is the paper's best)
-    alpha: float = 0.1  # lenience α; ranges per rule in the paper: chow/v3 [0,1], diff/v1/v2 [-1,1], opt any real
+    # deferral rule: chow | diff | opt | v1 | v2 | v3 (paper §4-5). OPT is the best of the rules that keep or
+    # defer a whole distribution; the paper's appendix finds the token-level rules ahead of it except at low T
+    rule: str = "opt"
+    # lenience α [our default: the paper sweeps it]; ranges per rule in the paper: chow/v3 [0,1], diff/v1/v2
+    # [-1,1], opt any real
+    alpha: float = 0.1
 
     def __post_init__(self) -> None:
         check_choice("method.rule", self.rule, RULES)
@@ -45,8 +49,10 @@ def total_variation(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return (p - q).clamp_min(0).sum(-1)
 
 
-def cascade_target(rule: str, alpha: float, q_small: torch.Tensor, q_large: torch.Tensor) -> torch.Tensor:
-    """The deferral rule's target distribution π for one position (or a batch of positions)."""
+def cascade_target(rule: str, alpha: float, q_small: torch.Tensor,
+                   q_large: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The deferral rule's target distribution π for one position (or a batch of positions), and the mass
+    of q_s it keeps, Σ_v q_s(v)·1[pass(v)] (chow / diff / opt: 1 where q_s is kept whole, else 0)."""
     max_s = q_small.max(-1, keepdim=True).values
     max_l = q_large.max(-1, keepdim=True).values
     if rule in ("chow", "diff", "opt"):
@@ -56,7 +62,7 @@ def cascade_target(rule: str, alpha: float, q_small: torch.Tensor, q_large: torc
             keep = max_s >= max_l - alpha
         else:
             keep = max_s >= max_l - alpha * total_variation(q_small, q_large).unsqueeze(-1)
-        return torch.where(keep, q_small, q_large)
+        return torch.where(keep, q_small, q_large), keep.squeeze(-1).to(q_small.dtype)
     if rule == "v1":
         passes = q_small >= max_l - alpha
     elif rule == "v2":
@@ -64,7 +70,8 @@ def cascade_target(rule: str, alpha: float, q_small: torch.Tensor, q_large: torc
     else:
         passes = q_large >= (1 - alpha) * max_l
     kept = q_small * passes
-    return kept + (1 - kept.sum(-1, keepdim=True)).clamp_min(0) * q_large
+    mass = kept.sum(-1, keepdim=True)
+    return kept + (1 - mass).clamp_min(0) * q_large, mass.squeeze(-1)
 
 
 class SpeculativeCascade(Method):
@@ -79,7 +86,7 @@ class SpeculativeCascade(Method):
 
     def begin(self, state: DecodeState) -> None:
         self.drafter.begin(state.sequence, len(state.sequence) + state.max_new_tokens)
-        self._deferred = torch.zeros((), dtype=torch.long, device=state.target.output_device)
+        self._small_mass = torch.zeros((), dtype=torch.float32, device=state.target.output_device)
 
     def prefill_hidden_layers(self) -> tuple[int, ...]:
         return self.drafter.hidden_layers  # a feature drafter (EAGLE-3) reads target layers; others none
@@ -93,7 +100,8 @@ class SpeculativeCascade(Method):
 
     def finish(self, state: DecodeState) -> None:
         self.drafter.record(state.stats)
-        state.stats.add_extra("positions_deferred", int(self._deferred))
+        # per scored position (every drafted one, before or after a rejection): how much of q_s π keeps
+        state.stats.add_extra("small_mass_kept", float(self._small_mass))
 
     def step(self, state: DecodeState) -> None:
         import time
@@ -109,10 +117,10 @@ class SpeculativeCascade(Method):
         temperature = state.temperature if state.temperature > 0 else 1.0
         q_large = torch.softmax(logits.float() / temperature, dim=-1)  # rows: root, x1, ..., xγ
         gamma = len(tree) - 1
-        pi = cascade_target(self.config.rule, self.config.alpha, self._q_small.to(q_large.device), q_large[:gamma])
+        pi, mass = cascade_target(self.config.rule, self.config.alpha, self._q_small.to(q_large.device),
+                                  q_large[:gamma])
         targets = torch.cat([pi, q_large[gamma:]])  # bonus position: q_l (the drafter has no q_s there)
-        # counted on the device and read once, in finish(): no host read per step
-        self._deferred = self._deferred + ((pi - q_large[:gamma]).abs().sum(-1) < 1e-9).sum()
+        self._small_mass = self._small_mass + mass.sum()  # on the device, read once in finish()
         state.stats.add_extra("positions_scored", gamma)
         if state.greedy:
             return accept_greedy(tree, targets)

@@ -16,8 +16,11 @@ Validation (held-out answers, T=0): top-1 agreement per step and the expected ac
 `ttt_length` chain (1 + leading agreeing steps per position, bonus included).
 
 Departures: the draft vocabulary comes from counts over the training answers (as EAGLE's `scandata`)
-and is 8192 wide by default for SmolLM2 (32000 for Llama-3.1-8B); the step-0 loss mask is shifted
-like the others (the reference leaves it unshifted).
+and is 8192 wide by default for every target (EAGLE used 32000 for Llama-3.1-8B); each step's loss mask
+marks the token that step predicts (the reference's masks sit two positions earlier: it shifts ids and
+targets per step but not the mask, so it drops the first answer token's prediction and scores one past the
+answer's end); each step's loss is averaged over its valid rows of the sequence (the reference averages
+over all rows, masked ones included: answer-heavy sequences weigh more there and the scale differs).
 """
 
 from __future__ import annotations

@@ -20,26 +20,28 @@ QS = torch.tensor([0.6, 0.3, 0.1])
 QL = torch.tensor([0.2, 0.7, 0.1])  # TV(QS, QL) = 0.4
 
 
-@pytest.mark.parametrize("rule, alpha, expected", [
-    ("chow", 0.5, QS.tolist()),  # 0.6 >= 1 - 0.5: keep q_s
-    ("chow", 0.3, QL.tolist()),  # 0.6 <  0.7: defer
-    ("diff", 0.2, QS.tolist()),  # 0.6 >= 0.7 - 0.2
-    ("diff", 0.05, QL.tolist()),  # 0.6 <  0.65
-    ("opt", 0.5, QS.tolist()),  # 0.6 >= 0.7 - 0.5 * 0.4 = 0.5
-    ("opt", 0.2, QL.tolist()),  # 0.6 <  0.7 - 0.2 * 0.4 = 0.62
-    ("v1", 0.2, [0.68, 0.28, 0.04]),  # passes: q_s(v) >= 0.5 -> {0}; π = [.6,0,0] + 0.4 q_l
-    ("v2", 0.55, [0.62, 0.37, 0.01]),  # passes: q_l(v) >= 0.15 -> {0,1}; π = [.6,.3,0] + 0.1 q_l
-    ("v3", 0.5, [0.14, 0.79, 0.07]),  # passes: q_l(v) >= 0.35 -> {1}; π = [0,.3,0] + 0.7 q_l
+@pytest.mark.parametrize("rule, alpha, expected, small_mass", [
+    ("chow", 0.5, QS.tolist(), 1.0),  # 0.6 >= 1 - 0.5: keep q_s
+    ("chow", 0.3, QL.tolist(), 0.0),  # 0.6 <  0.7: defer
+    ("diff", 0.2, QS.tolist(), 1.0),  # 0.6 >= 0.7 - 0.2
+    ("diff", 0.05, QL.tolist(), 0.0),  # 0.6 <  0.65
+    ("opt", 0.5, QS.tolist(), 1.0),  # 0.6 >= 0.7 - 0.5 * 0.4 = 0.5
+    ("opt", 0.2, QL.tolist(), 0.0),  # 0.6 <  0.7 - 0.2 * 0.4 = 0.62
+    ("v1", 0.2, [0.68, 0.28, 0.04], 0.6),  # passes: q_s(v) >= 0.5 -> {0}; π = [.6,0,0] + 0.4 q_l
+    ("v2", 0.55, [0.62, 0.37, 0.01], 0.9),  # passes: q_l(v) >= 0.15 -> {0,1}; π = [.6,.3,0] + 0.1 q_l
+    ("v3", 0.5, [0.14, 0.79, 0.07], 0.3),  # passes: q_l(v) >= 0.35 -> {1}; π = [0,.3,0] + 0.7 q_l
 ])
-def test_deferral_rules_match_hand_computed_targets(rule, alpha, expected):
-    pi = cascade_target(rule, alpha, QS, QL)
+def test_deferral_rules_match_hand_computed_targets(rule, alpha, expected, small_mass):
+    pi, mass = cascade_target(rule, alpha, QS, QL)
     torch.testing.assert_close(pi, torch.tensor(expected), atol=1e-6, rtol=0)
     assert abs(float(pi.sum()) - 1) < 1e-6
+    assert float(mass) == pytest.approx(small_mass)
 
 
 def test_rules_apply_per_position_in_a_batch():
-    batch = cascade_target("chow", 0.5, torch.stack([QS, QL]), torch.stack([QL, QS]))
+    batch, mass = cascade_target("chow", 0.5, torch.stack([QS, QL]), torch.stack([QL, QS]))
     torch.testing.assert_close(batch, torch.stack([QS, QL]))  # row 2: its q_s (= QL) has max 0.7 >= 0.5
+    assert mass.tolist() == [1.0, 1.0]
 
 
 def test_unknown_rule_is_one_line_error():
@@ -49,7 +51,7 @@ def test_unknown_rule_is_one_line_error():
 
 def test_speculative_sampling_against_pi_emits_pi():
     """One drafted token x ~ q_s, accepted with min(1, π(x)/q_s(x)), else residual norm(max(0, π - q_s))."""
-    pi = cascade_target("v1", 0.2, QS, QL)
+    pi, _ = cascade_target("v1", 0.2, QS, QL)
     gen = torch.Generator().manual_seed(0)
     sampler = Sampler(1)
     n = 4000
@@ -77,6 +79,7 @@ def test_pi_equal_to_large_model_reproduces_sd(tiny_llama, temperature):
         a = generate(sd, tiny_llama, prompt, max_new_tokens=16, temperature=temperature, seed=seed).new_tokens
         b = generate(cascade, tiny_llama, prompt, max_new_tokens=16, temperature=temperature, seed=seed).new_tokens
         assert a == b
+    assert generate(cascade, tiny_llama, [7, 30, 31, 32], max_new_tokens=8).stats.extra["small_mass_kept"] == 0
 
 
 def test_pi_equal_to_small_model_accepts_every_draft(tiny_llama):
@@ -84,4 +87,4 @@ def test_pi_equal_to_small_model_accepts_every_draft(tiny_llama):
     state = generate(cascade, tiny_llama, [7, 30, 31, 32], max_new_tokens=20, temperature=1.0, seed=3)
     assert state.stats.num_draft_tokens > 0
     assert state.stats.num_accepted_tokens == state.stats.num_draft_tokens
-    assert state.stats.extra["positions_deferred"] == 0
+    assert state.stats.extra["small_mass_kept"] == state.stats.extra["positions_scored"]
