@@ -25,7 +25,7 @@ class PLDConfig:
     name: str = "pld"
     max_ngram_size: int = 3  # longest suffix to match (HF default 2; the reference and Spec-Bench use 3)
     min_ngram_size: int = 1
-    num_draft_tokens: int = 10  # HF prompt_lookup_num_tokens default and the reference's num_pred_tokens
+    num_draft_tokens: int = 10  # the reference's num_pred_tokens (HF: PromptLookupCandidateGenerator's default)
     match: str = "recent"  # "recent" (ours) or "reference" (earliest full continuation), see the docstring
 
     def __post_init__(self) -> None:
