@@ -41,9 +41,14 @@ class Divergence:
     margin: float  # AR's logit of its own token minus its logit of the method's token
     tolerance: float
     ar_top: int = -1  # argmax of the recomputed logits (normally ar_token)
+    # one output is a strict prefix of the other (-1 for the missing token). Both runs stop at the same stop
+    # ids and token limit, where the stop token is committed, so this cannot come from rounding: a bug
+    ended_early: bool = False
 
     @property
     def kind(self) -> str:
+        if self.ended_early:
+            return "divergence"
         return "tie" if self.margin <= self.tolerance else "divergence"
 
     def to_dict(self) -> dict:
@@ -62,7 +67,8 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 def diagnose(target, prompt_ids: list[int], ar_ids: list[int], method_ids: list[int],
              tolerance_override: float | None = None) -> Divergence | None:
     """Where and how `method_ids` leaves `ar_ids` (both generated after `prompt_ids`); None if equal.
-    A length difference at a stop token is diagnosed at the position where one output stopped."""
+    Where one output is a prefix of the other, the difference is at the end of the shorter one and is
+    always a divergence (its margin is reported against the top logit, for the record)."""
     j = first_difference(ar_ids, method_ids)
     if j is None:
         return None
@@ -76,4 +82,5 @@ def diagnose(target, prompt_ids: list[int], ar_ids: list[int], method_ids: list[
     ar_value = float(logits[ar_tok]) if ar_tok >= 0 else top
     method_value = float(logits[method_tok]) if method_tok >= 0 else top
     tol = tolerance(target.dtype, top) if tolerance_override is None else tolerance_override
-    return Divergence(j, ar_tok, method_tok, ar_value - method_value, tol, int(logits.argmax()))
+    return Divergence(j, ar_tok, method_tok, ar_value - method_value, tol, int(logits.argmax()),
+                      ended_early=min(ar_tok, method_tok) < 0)
