@@ -64,10 +64,24 @@ def reference_fingerprint(cfg: RunConfig, settings: GenerationSettings) -> tuple
                  if not (k == "categories" and not v)},
         "max_new_tokens": settings.max_new_tokens, "temperature": settings.temperature, "seed": settings.seed,
         **({"repeats": cfg.repeats} if cfg.repeats > 1 else {}),  # (absent for 1: older references stay valid)
+        "warmup": settings.warmup,
         "machine": machine_id(),
+        # a reference timed on other engine code would credit (or charge) methods with the engine's changes
+        "engine": engine_digest(),
     }
     digest = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
     return digest, payload
+
+
+def engine_digest() -> str:
+    """The source of the decoding engine and of AR, which an AR reference's times depend on."""
+    import decoding
+
+    root = Path(decoding.__file__).parent
+    digest = hashlib.sha256()
+    for path in sorted([*(root / "engine").glob("*.py"), root / "methods" / "ar.py"]):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
 
 
 @contextmanager

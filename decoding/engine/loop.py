@@ -185,12 +185,20 @@ def verify(state: DecodeState, proposal: Proposal, decide=None, record: bool = T
     drafted = [tree.tokens[i] for i in verdict.path[1:]]
     committed = commit(state, drafted + [verdict.bonus])
     if record:
+        accepted = committed_drafts(verdict.num_accepted, committed)
         state.stats.record_step(
             num_draft_tokens=tree.num_draft_nodes(),
-            num_accepted=verdict.num_accepted,
-            accepted_depths=[tree.depths[i] for i in verdict.path[1:]],
+            num_accepted=accepted,
+            accepted_depths=[tree.depths[i] for i in verdict.path[1:1 + accepted]],
         )
     return StepResult(proposal, verdict, output, committed)
+
+
+def committed_drafts(num_accepted: int, committed: list[int]) -> int:
+    """The accepted drafts a step counts: all of them, unless a stop token or the token limit cut the step
+    short; then only the committed tokens count (the last one in the bonus's place), so that τ × steps is
+    exactly the tokens generated. Counting drafts accepted past the cut inflated τ by up to a block."""
+    return min(num_accepted, max(len(committed) - 1, 0))
 
 
 def commit(state: DecodeState, tokens: list[int]) -> list[int]:

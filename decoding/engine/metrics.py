@@ -50,7 +50,8 @@ class GenerationStats:
     @property
     def decoding_efficiency(self) -> float:
         """New tokens per full-target forward's worth of target compute (cost-weighted: a slim pass
-        over k of L layers counts k/L, so layer-skipping methods cannot look free)."""
+        over k of L layers counts k/L, so VIA-SD's slim verifier cannot look free). A self-speculative
+        drafter's passes are counted apart, in extra["drafter_forward_cost"]."""
         return self.new_tokens / self.target_forward_cost if self.target_forward_cost else 0.0
 
     @property

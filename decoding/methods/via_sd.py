@@ -34,7 +34,8 @@ from typing import Optional
 import torch
 
 from decoding.drafting.drafter import Drafter, DrafterConfig, build_drafter
-from decoding.engine.loop import DecodeState, Method, Proposal, commit, forward_proposal, verify
+from decoding.engine.loop import (DecodeState, Method, Proposal, commit, committed_drafts, forward_proposal,
+                                  verify)
 from decoding.drafting.routing import kept_layers, load_mask, random_mask
 from decoding.engine.sampling import probabilities
 from decoding.engine.transfer import to_device, to_host
@@ -207,8 +208,9 @@ class VIASD(Method):
         """The block ends without the full model: the drafts kept, then q''s own token (regenerated or bonus)."""
         committed = commit(state, settled + [last])
         self._count_tiers(state, tiers + [SLIM], len(committed))
-        state.stats.record_step(num_draft_tokens=drafted, num_accepted=min(len(settled), len(committed)),
-                                accepted_depths=list(range(1, min(len(settled), len(committed)) + 1)))
+        accepted = committed_drafts(len(settled), committed)
+        state.stats.record_step(num_draft_tokens=drafted, num_accepted=accepted,
+                                accepted_depths=list(range(1, accepted + 1)))
         state.stats.add_time(draft=t1 - t0, verify=time.perf_counter() - t1)
 
     def _escalate(self, state, drafts, p, i, settled, tiers, t0, t1) -> None:
@@ -216,13 +218,13 @@ class VIASD(Method):
         x_i..x_γ with the full target (re-running the pending tokens first)."""
         committed = commit(state, settled)
         self._count_tiers(state, tiers, len(committed))
-        accepted = len(committed)
+        accepted = committed_drafts(len(committed), committed)  # a stop or the limit among them: no bonus follows
         if not state.done:
             proposal = Proposal(TokenTree.chain(state.root, drafts[i:], None if state.greedy else list(p[i:])),
                                 hidden_layers=self.drafter.hidden_layers)
             result = verify(state, proposal, record=False)
             self.drafter.observe(result, state.sequence)
-            accepted += result.verdict.num_accepted
+            accepted = committed_drafts(len(committed) + result.verdict.num_accepted, committed + result.committed)
             state.stats.add_extra("settled_full", len(result.committed))
         state.stats.add_extra("escalations", 1)
         # an empty draft (a feature drafter before its first row) drafted nothing: no phantom rejections

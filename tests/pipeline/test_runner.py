@@ -112,6 +112,20 @@ def test_speculative_job_measures_against_a_reused_ar_reference(tiny_model_dirs,
     assert len(list((tmp_path / "outputs" / "ar_reference").iterdir())) == 2
 
 
+def test_an_ar_reference_is_not_reused_across_engine_code(tiny_model_dirs, tmp_path, monkeypatch):
+    """A reference timed on older engine code would credit methods with the engine's changes."""
+    import pipeline.runner as runner
+
+    cfg = job_config(tiny_model_dirs["llama"], tmp_path, "method=pld", "task.limit=1")
+    run(cfg, tmp_path / "run1", show_progress=False)
+    current = runner.engine_digest()
+    monkeypatch.setattr(runner, "engine_digest", lambda: "other-engine")
+    run(cfg, tmp_path / "run2", show_progress=False)
+    fingerprints = [json.loads((d / "fingerprint.json").read_text())
+                    for d in (tmp_path / "outputs" / "ar_reference").iterdir()]
+    assert sorted(f["engine"] for f in fingerprints) == sorted([current, "other-engine"])
+
+
 def test_a_bf16_job_records_its_dtype_and_diagnoses_every_mismatch(tiny_model_dirs, tmp_path):
     """bf16: a lossless method may leave AR at near-ties; every mismatching prompt is classified."""
     summary = run(job_config(tiny_model_dirs["llama"], tmp_path, "method=pld", "model.dtype=bfloat16",
