@@ -1,7 +1,9 @@
 """Compare runs: `python -m pipeline.report <run or sweep dir>... [--out DIR] [--forward-cost FILE] [--wandb]`
 
 Reads every summary.json under the given dirs (written by pipeline/runner.py) into one table, one
-row per model x task x temperature x method (x method settings that differ from the defaults), as
+row per model x task x temperature x method (x method settings that differ from the defaults, x the
+run's drafter, dtype, token limit, prompts, seed and repeats: rows that share a label name the ones they
+differ in), as
 Markdown and CSV, draws the plots (pipeline/plots.py) and optionally logs all of it to W&B.
 
 Speedup and match_rate are the runner's: tokens/s against the AR reference of the same model,
@@ -87,7 +89,8 @@ def summary_row(s: dict, run_dir: Path) -> dict:
     return {
         "model": s["model"], "task": s["task"], "temperature": float(s["temperature"]),
         "method": run_dir.name if in_comparison else s["method"],
-        "settings": method_settings(run_dir, s["method"]), "num_prompts": s["num_prompts"],
+        "settings": method_settings(run_dir, s["method"]), "_run": run_fields(run_dir, s["method"]),
+        "num_prompts": s["num_prompts"],
         "speedup": s.get("speedup"), "speedup_std": s.get("speedup_std"), "repeats": s.get("repeats"),
         "tau": s.get("tau"), "decoding_efficiency": s.get("decoding_efficiency"),
         "quality_metric": metric, "quality": (s.get("quality") or {}).get(metric) if metric else None,
@@ -132,8 +135,31 @@ def method_settings(run_dir: Path, method: str) -> str:
     return " ".join(f"{k}={v}" for k, v in sorted(changed.items()))
 
 
+def run_fields(run_dir: Path, method: str) -> dict:
+    """The run's settings outside `method` that change its numbers, by dotted name (from run_config.yaml):
+    the drafter (for methods that use one), the dtype asked for, the token limit, the prompts, seed and
+    repeats. Runs that differ in any are different rows, even where their method settings agree."""
+    config_path = run_dir / "run_config.yaml"
+    if not config_path.exists():
+        return {}
+    from hydra.utils import get_class
+    from omegaconf import OmegaConf
+
+    from decoding import method_configs
+
+    used = OmegaConf.to_container(OmegaConf.load(config_path))
+    task, model = used.get("task") or {}, used.get("model") or {}
+    fields = {"model.dtype": model.get("dtype"), "max_new_tokens": used.get("max_new_tokens"),
+              "task.limit": task.get("limit"), "seed": used.get("seed"), "repeats": used.get("repeats")}
+    config_cls = method_configs().get(method)
+    if config_cls and getattr(get_class(config_cls._target_), "uses_drafter", False):
+        fields |= {f"drafter.{k}": v for k, v in (used.get("drafter") or {}).items() if k != "_target_"}
+    return {k: json.dumps(v, sort_keys=True) for k, v in fields.items() if v is not None}
+
+
 def row_key(row: dict) -> tuple:
-    return row["model"], row["task"], row["temperature"], row["method"], row["settings"]
+    return (row["model"], row["task"], row["temperature"], row["method"], row["settings"],
+            tuple(sorted(row["_run"].items())))
 
 
 def latest_per_key(rows: list[dict]) -> tuple[list[dict], list[str]]:
@@ -143,9 +169,26 @@ def latest_per_key(rows: list[dict]) -> tuple[list[dict], list[str]]:
         if row_key(row) in best:
             dropped.append(best[row_key(row)]["run_dir"])
         best[row_key(row)] = row
+    told_apart(best.values())
     ordered = sorted(best.values(), key=lambda r: (r["model"], r["task"], r["temperature"], r["method"] != "ar",
                                                    r["method"], r["settings"]))
     return ordered, dropped
+
+
+def told_apart(rows) -> None:
+    """Rows that share a label but not their run settings (a sweep over drafter=, model.dtype=, ...) get
+    the run settings in which they differ added to their settings column."""
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        groups.setdefault(row_key(row)[:5], []).append(row)
+    for group in groups.values():
+        if len(group) < 2:
+            continue
+        names = sorted({k for r in group for k in r["_run"]})
+        differing = [k for k in names if len({r["_run"].get(k) for r in group}) > 1]
+        for row in group:
+            extra = " ".join(f"{k}={json.loads(row['_run'][k]) if k in row['_run'] else None}" for k in differing)
+            row["settings"] = f"{row['settings']} {extra}".strip()
 
 
 def mixed_references(rows: list[dict]) -> list[str]:

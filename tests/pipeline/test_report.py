@@ -123,3 +123,25 @@ def test_a_sampled_chain_saved_before_verify_existed_is_labelled_rejection(tmp_p
     assert report.method_settings(new, "domino") == ""
     (old / "run_config.yaml").write_text("method:\n  name: dflash\n")  # a greedy DFlash chain: nothing to label
     assert report.method_settings(old, "dflash") == ""
+
+
+def test_runs_that_differ_outside_the_method_are_separate_rows_told_apart(tiny_model_dirs, tmp_path):
+    """A sweep over drafter= or max_new_tokens= used to collapse into one row (the older run dropped as
+    "superseded"); the rows now stay and name the setting they differ in. AR ignores the drafter."""
+    sweep = tmp_path / "sweep"
+    runs = [["method=ar"], ["method=ar", "drafter.exit_layer=1"],
+            ["method=sd", "drafter.exit_layer=1"], ["method=sd", "drafter.exit_layer=2"],
+            ["method=pld"], ["method=pld", "max_new_tokens=6"]]
+    for num, overrides in enumerate(runs):
+        with initialize_config_module(config_module="conf", version_base="1.3"):
+            cfg = compose("config", overrides=[
+                "model=smollm2-135m", "model.source=hub", "model.dtype=float32", f"model.path={tiny_model_dirs['llama']}",
+                "model.name=tiny-llama", "task=humaneval", "task.limit=1", "max_new_tokens=8", "tracker=none",
+                "drafter=early_exit", f"outputs_root={tmp_path / 'outputs'}", *overrides])
+        run(cfg, sweep / f"{num}", show_progress=False)
+    collected = report.collect([sweep])
+    assert sorted((r["method"], r["settings"]) for r in collected.rows) == [
+        ("ar", ""), ("pld", "max_new_tokens=6"), ("pld", "max_new_tokens=8"),
+        ("sd", "drafter.exit_layer=1"), ("sd", "drafter.exit_layer=2")]
+    assert [n for n in collected.notes if "superseded" in n] == [f"{sweep / '0'} is superseded by a newer run of "
+                                                                 "the same configuration"]
