@@ -26,13 +26,14 @@ from pipeline import table
 
 COLUMNS = ("model", "task", "temperature", "method", "settings", "dtype", "num_prompts", "speedup", "speedup_std",
            "repeats", "tau",
-           "decoding_efficiency", "quality_metric", "quality", "ar_quality", "match_rate", "match_ties",
+           "decoding_efficiency", "quality_metric", "quality", "ar_quality", "ar_prefix_agreement", "match_rate", "match_ties",
            "match_divergences", "rejection_rate",
            "draft_redundancy", "tokens_per_s", "ar_tokens_per_s", "num_drafts", "num_draft_tokens", "num_accepted_tokens",
            "lossless", "experiment", "ar_reference", "run_dir")
 MARKDOWN_COLUMNS = (("model", "model"), ("task", "task"), ("temperature", "T"), ("method", "method"),
                     ("settings", "settings"), ("num_prompts", "n"), ("speedup", "speedup"), ("tau", "τ"),
                     ("decoding_efficiency", "DE"), ("quality", "quality"), ("ar_quality", "AR quality"),
+                    ("ar_prefix_agreement", "AR prefix"),
                     ("match_rate", "match"), ("match_ties", "ties"), ("match_divergences", "diverged"),
                     ("rejection_rate", "rejection"), ("tokens_per_s", "tok/s"),
                     ("ar_tokens_per_s", "AR tok/s"))
@@ -95,7 +96,7 @@ def summary_row(s: dict, run_dir: Path) -> dict:
         "tau": s.get("tau"), "decoding_efficiency": s.get("decoding_efficiency"),
         "quality_metric": metric, "quality": (s.get("quality") or {}).get(metric) if metric else None,
         "ar_quality": (s.get("ar_quality") or {}).get(metric) if metric else None,
-        "match_rate": s.get("match_rate"),
+        "match_rate": s.get("match_rate"), "ar_prefix_agreement": s.get("ar_prefix_agreement"),
         # mismatching prompts whose first divergence is a numeric near-tie, and the real divergences
         "match_ties": s.get("match_ties"), "match_divergences": s.get("match_divergences"),
         "dtype": s.get("dtype"), "_divergent_ids": s.get("divergent_ids") or [],

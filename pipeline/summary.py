@@ -58,7 +58,9 @@ def summarize(cfg, method, examples, rows: list[dict], reference: list[dict] | N
         summary.update(speedup=1.0, ar_tokens_per_s=summary["tokens_per_s"], match_rate=1.0, match_ties=0,
                        match_divergences=0)
     elif reference:
-        summary.update(compare_to_reference(rows, reference, check_match=method.lossless and cfg.temperature == 0))
+        greedy = cfg.temperature == 0
+        summary.update(compare_to_reference(rows, reference, check_match=method.lossless and greedy,
+                                            check_agreement=not method.lossless and greedy))
         summary.update(repeat_spread(rows, reference))
         ref_examples = [by_id[r["id"]] for r in reference if r["id"] in by_id]
         summary["ar_quality"] = aggregate_quality(cfg.task.name, ref_examples, [r["outputs"] for r in reference],
@@ -81,8 +83,12 @@ def by_category(rows: list[dict], reference: list[dict] | None) -> dict:
     return out
 
 
-def compare_to_reference(rows: list[dict], reference: list[dict], check_match: bool) -> dict:
-    """Speedup over the examples both runs finished: ratio of aggregate tokens/s (Spec-Bench)."""
+def compare_to_reference(rows: list[dict], reference: list[dict], check_match: bool,
+                         check_agreement: bool = False) -> dict:
+    """Speedup over the examples both runs finished: ratio of aggregate tokens/s (Spec-Bench). A lossless
+    method at T=0: the share of prompts equal to AR. A lossy one at T=0: `ar_prefix_agreement`, the mean
+    share of AR's tokens (all turns, in order) it reproduced before it first left them: a quality measure
+    for tasks without a scorer (MT-Bench), and next to the task metric for the others."""
     ref = {r["id"]: r for r in reference}
     both = [r for r in rows if r["id"] in ref]
     if not both:
@@ -94,7 +100,18 @@ def compare_to_reference(rows: list[dict], reference: list[dict], check_match: b
         matches = [r["output_ids"] == ref[r["id"]]["output_ids"] for r in both]
         out["match_rate"] = sum(matches) / len(matches)
         out["mismatched_ids"] = [r["id"] for r, m in zip(both, matches) if not m]
+    if check_agreement:
+        out["ar_prefix_agreement"] = sum(prefix_agreement(r["output_ids"], ref[r["id"]]["output_ids"])
+                                         for r in both) / len(both)
     return out
+
+
+def prefix_agreement(turns: list[list[int]], ar_turns: list[list[int]]) -> float:
+    from decoding.engine.ties import first_difference
+
+    mine, ar = [t for turn in turns for t in turn], [t for turn in ar_turns for t in turn]
+    j = first_difference(ar, mine)
+    return 1.0 if j is None else j / max(len(ar), 1)
 
 
 def repeat_spread(rows: list[dict], reference: list[dict]) -> dict:

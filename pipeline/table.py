@@ -14,7 +14,8 @@ RUN_COLUMNS = (("method", "method"), ("task", "task"), ("num_prompts", "prompts"
 LEGEND = ("Speedup: tokens/s over the AR reference of the same model, task, settings and machine. τ: mean accepted "
           "tokens per verification (bonus included). DE: new tokens per target forward (cost-weighted: a pass over "
           "k of L layers counts k/L). match: share of prompts identical to AR (lossless methods at T=0); near-tie / "
-          "diverged: mismatching prompts whose first difference is a numeric near-tie of AR's logits / is not. "
+          "diverged: mismatching prompts whose first difference is a numeric near-tie of AR's logits / is not; prefix "
+          "(lossy methods at T=0): mean share of AR's tokens reproduced before the first difference. "
           "rejection: drafted tokens rejected. With repeats=N: speedup ± the sample std of the N per-repeat speedups.")
 
 
@@ -36,8 +37,9 @@ def fmt(value, column: str = "") -> str:
 
 def match_cell(row: dict) -> str:
     """The share of prompts equal to AR, with the tie diagnosis of the others where there is one."""
-    if row.get("match_rate") is None:
-        return "–"
+    if row.get("match_rate") is None:  # a lossy method at T=0: how much of AR's text it kept
+        agreement = row.get("ar_prefix_agreement")
+        return "–" if agreement is None else f"prefix {agreement:.2f}"
     text = f"{row['match_rate']:.2f}"
     parts = [f"{n} {label}" for n, label in ((row.get("match_ties"), "near-tie"),
                                              (row.get("match_divergences"), "diverged")) if n]

@@ -145,3 +145,33 @@ def test_runs_that_differ_outside_the_method_are_separate_rows_told_apart(tiny_m
         ("sd", "drafter.exit_layer=1"), ("sd", "drafter.exit_layer=2")]
     assert [n for n in collected.notes if "superseded" in n] == [f"{sweep / '0'} is superseded by a newer run of "
                                                                  "the same configuration"]
+
+
+def test_a_lossy_run_at_t0_reports_how_much_of_ars_text_it_kept(tmp_path):
+    from pipeline.summary import compare_to_reference, prefix_agreement
+    from pipeline.table import match_cell
+
+    assert prefix_agreement([[1, 2, 3], [4]], [[1, 2, 9], [4]]) == 0.5  # turns in order: 2 of AR's 4 tokens
+    assert prefix_agreement([[1, 2]], [[1, 2]]) == 1.0 and prefix_agreement([[5]], [[1, 2]]) == 0.0
+    from decoding.engine.metrics import GenerationStats
+
+    def row(id_, wall_s, ids):
+        return {"id": id_, **GenerationStats(new_tokens=4, wall_s=wall_s).to_dict(), "output_ids": [ids]}
+
+    rows = [row("a", 1.0, [1, 2, 3, 4]), row("b", 1.0, [1, 2, 3, 4])]
+    reference = [row("a", 2.0, [1, 2, 3, 4]), row("b", 2.0, [1, 7, 3, 4])]
+    out = compare_to_reference(rows, reference, check_match=False, check_agreement=True)
+    assert out["ar_prefix_agreement"] == pytest.approx((1.0 + 0.25) / 2) and "match_rate" not in out
+    assert match_cell({"match_rate": None, "ar_prefix_agreement": 0.625}) == "prefix 0.62"
+
+
+def test_a_lossy_job_at_t0_has_its_ar_prefix_agreement_in_the_summary(tiny_model_dirs, tmp_path):
+    with initialize_config_module(config_module="conf", version_base="1.3"):
+        cfg = compose("config", overrides=[
+            "model=smollm2-135m", "model.source=hub", "model.dtype=float32", f"model.path={tiny_model_dirs['llama']}",
+            "model.name=tiny-llama", "task=humaneval", "task.limit=2", "max_new_tokens=12", "tracker=none",
+            "method=spec_cascade", "method.alpha=0.5", "drafter=early_exit", "drafter.exit_layer=2", f"outputs_root={tmp_path / 'outputs'}"])
+    summary = run(cfg, tmp_path / "run", show_progress=False)
+    assert 0.0 <= summary["ar_prefix_agreement"] <= 1.0 and "match_rate" not in summary
+    row = report.collect([tmp_path / "run"]).rows[0]
+    assert row["ar_prefix_agreement"] == summary["ar_prefix_agreement"]
