@@ -25,10 +25,9 @@ from hydra.experimental.callback import Callback
 from pipeline import table
 
 COLUMNS = ("model", "task", "temperature", "method", "settings", "dtype", "num_prompts", "speedup", "speedup_std",
-           "repeats", "tau",
-           "decoding_efficiency", "quality_metric", "quality", "ar_quality", "ar_prefix_agreement", "match_rate", "match_ties",
-           "match_divergences", "rejection_rate",
-           "draft_redundancy", "tokens_per_s", "ar_tokens_per_s", "num_drafts", "num_draft_tokens", "num_accepted_tokens",
+           "repeats", "tau", "decoding_efficiency", "quality_metric", "quality", "ar_quality", "ar_prefix_agreement",
+           "match_rate", "match_ties", "match_divergences", "rejection_rate", "draft_redundancy", "tokens_per_s",
+           "ar_tokens_per_s", "num_drafts", "num_draft_tokens", "num_accepted_tokens",
            "lossless", "experiment", "ar_reference", "run_dir")
 MARKDOWN_COLUMNS = (("model", "model"), ("task", "task"), ("temperature", "T"), ("method", "method"),
                     ("settings", "settings"), ("num_prompts", "n"), ("speedup", "speedup"), ("tau", "τ"),

@@ -170,7 +170,8 @@ def test_a_lossy_job_at_t0_has_its_ar_prefix_agreement_in_the_summary(tiny_model
         cfg = compose("config", overrides=[
             "model=smollm2-135m", "model.source=hub", "model.dtype=float32", f"model.path={tiny_model_dirs['llama']}",
             "model.name=tiny-llama", "task=humaneval", "task.limit=2", "max_new_tokens=12", "tracker=none",
-            "method=spec_cascade", "method.alpha=0.5", "drafter=early_exit", "drafter.exit_layer=2", f"outputs_root={tmp_path / 'outputs'}"])
+            "method=spec_cascade", "method.alpha=0.5", "drafter=early_exit", "drafter.exit_layer=2",
+            f"outputs_root={tmp_path / 'outputs'}"])
     summary = run(cfg, tmp_path / "run", show_progress=False)
     assert 0.0 <= summary["ar_prefix_agreement"] <= 1.0 and "match_rate" not in summary
     row = report.collect([tmp_path / "run"]).rows[0]
