@@ -50,7 +50,7 @@ import torch
 
 from decoding.drafting.routing import kept_layers, save_mask
 from pipeline.errors import ConfigError, check_choice, check_range
-from pipeline.resources import user_masks
+from pipeline.resources import SHIPPED_MASKS, user_masks
 
 log = logging.getLogger(__name__)
 
@@ -425,6 +425,11 @@ def export(trial, ctx: Optional[Context], cfg) -> Path:
         "trials_s": round(trials_s, 1),  # summed over trials (and workers)
         "calibration_ids": calibration["calibration_ids"], "calibration_tokens": calibration["calibration_tokens"],
         "best_so_far": curve, "known_masks": known})
+    shipped = SHIPPED_MASKS / path.name
+    if not obj.export_dir and shipped.exists():  # routing loads the user's export before the shipped mask
+        log.warning("mask %s now takes the place of the shipped %s wherever a run names %s (method.mask, "
+                    "drafter.mask; searched with calibration=%s); objective.export_name=<other> keeps both",
+                    path, shipped, obj.export_name, obj.calibration)
     label = "KL(p||q_z)+KL(q_z||q)" if obj.objective == "between" else "KL(q||q_z)"
     print(f"mask {obj.export_name}: skip {skip}  {label}={kl:.4f}  trials={len(done)}  "
           f"wall {calibration['calibration_s'] + search_s:.0f}s (calibration {calibration['calibration_s']:.0f}s)")

@@ -18,6 +18,7 @@ config folder, ~/.config/specdec/conf/method/ptd_tuned.yaml, with a copy in the 
 
 from __future__ import annotations
 
+import logging
 import random
 import statistics
 import time
@@ -29,6 +30,8 @@ import torch
 
 from pipeline.errors import ConfigError, check_choice, check_range
 from pipeline.resources import user_conf
+
+log = logging.getLogger(__name__)
 
 METRICS = ("speedup", "tau_per_cost", "tau")
 
@@ -164,6 +167,10 @@ def prepare(cfg) -> Context:
     from pipeline.tasks import build_chat
 
     obj = cfg.objective
+    try:  # a bad fixed value is the user's, not a trial's: one line now, not every trial pruned later
+        ptd_config({}, obj.fixed)
+    except ConfigError as err:
+        raise ConfigError(f"objective.fixed={dict(obj.fixed)}: {err}") from None
     model, tokenizer = load_model(cfg.model)
     target = target_model(model, tokenizer, cfg.model)  # model.cuda_graph as the runs have it
     task_cfg, examples = calibration_examples(obj.task, obj.calibration_prompts, obj.calibration_seed)
@@ -202,6 +209,8 @@ def objective(trial, ctx: Context) -> float:
     tokens = steps = accepted = rows = 0
     cost = ptd_s = ar_s = ar_tokens = 0.0
     matches = []
+    # untimed: this configuration's first-use costs (buffers, a CUDA graph bucket) are not charged to it
+    generate(method, ctx.target, ctx.prompts[0], max_new_tokens=8, temperature=obj.temperature, stop_ids=ctx.stop_ids)
     for i, prompt in enumerate(ctx.prompts):
         row_counts: list[int] = []
 
@@ -210,6 +219,16 @@ def objective(trial, ctx: Context) -> float:
             row_counts.append(total - seen[0])
             seen[0] = total
 
+        def timed_ar() -> None:
+            nonlocal ar_s, ar_tokens
+            t0 = time.perf_counter()
+            ar = generate(AR(), ctx.target, prompt, max_new_tokens=obj.max_new_tokens, temperature=obj.temperature,
+                          stop_ids=ctx.stop_ids, seed=i)
+            ar_s += time.perf_counter() - t0
+            ar_tokens += len(ar.new_tokens)
+
+        if obj.metric == "speedup" and i % 2:  # AR first on odd prompts, second on even ones: no order bias
+            timed_ar()
         t0 = time.perf_counter()
         state = generate(method, ctx.target, prompt, max_new_tokens=obj.max_new_tokens, temperature=obj.temperature,
                          stop_ids=ctx.stop_ids, seed=i, on_step=on_step)
@@ -222,12 +241,8 @@ def objective(trial, ctx: Context) -> float:
             cost += sum(relative_cost(ctx.cost_curve, r, ctx.target.graphs is not None) for r in row_counts)
         if ctx.ar_outputs:
             matches.append(state.new_tokens == ctx.ar_outputs[i])
-        if obj.metric == "speedup":
-            t0 = time.perf_counter()
-            ar = generate(AR(), ctx.target, prompt, max_new_tokens=obj.max_new_tokens, temperature=obj.temperature,
-                          stop_ids=ctx.stop_ids, seed=i)
-            ar_s += time.perf_counter() - t0
-            ar_tokens += len(ar.new_tokens)
+        if obj.metric == "speedup" and not i % 2:
+            timed_ar()
     attrs = {"tau": (accepted + steps) / steps, "rows_per_step": rows / steps, "tokens_per_s": tokens / ptd_s}
     if ar_s:
         attrs.update(ar_tokens_per_s=ar_tokens / ar_s, speedup=(tokens / ptd_s) / (ar_tokens / ar_s))
@@ -235,6 +250,9 @@ def objective(trial, ctx: Context) -> float:
         attrs["tau_per_cost"] = tokens / cost
     if matches:
         attrs["match_rate"] = sum(matches) / len(matches)
+        if attrs["match_rate"] < 1:  # lossless at T = 0: a bf16 near-tie, or a bug; either way not hidden
+            log.warning("trial %d (%s): %d of %d outputs differ from AR's", trial.number, params,
+                        len(matches) - sum(matches), len(matches))
     for key, value in attrs.items():
         trial.set_user_attr(key, value)
     return attrs[obj.metric]

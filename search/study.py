@@ -145,7 +145,14 @@ def study_settings(cfg: StudyConfig) -> dict:
     else:
         fields = dataclasses.asdict(cfg.objective) if dataclasses.is_dataclass(cfg.objective) else dict(cfg.objective)
         objective = {k: v for k, v in fields.items() if not k.startswith("export") and k not in ("enqueue", "known_masks")}
-    settings = {"model": cfg.model.name, **{f"objective.{k}": v for k, v in objective.items()}}
+    from pipeline.models import resolve_dtype
+
+    model = cfg.model
+    settings = {"model": model.name, "model.path": model.path, "model.revision": model.revision,
+                # `auto` is bf16 on one machine and fp32 on another: two scales of cost in one study
+                "model.dtype": str(resolve_dtype(model.dtype, model.device_map)).removeprefix("torch."),
+                "model.attn_implementation": model.attn_implementation, "model.cuda_graph": model.cuda_graph,
+                **{f"objective.{k}": v for k, v in objective.items()}}
     return json.loads(json.dumps(settings, default=str))
 
 
@@ -154,14 +161,18 @@ def open_study(cfg: StudyConfig, directions: list[str]):
 
     study = optuna.create_study(study_name=cfg.study_name, storage=make_storage(cfg), load_if_exists=True,
                                 directions=directions, sampler=make_sampler(cfg.sampler, cfg.seed + cfg.worker))
+    if study.trials:  # resumed: a sampler seeded as at the start would propose the first run's trials again
+        study.sampler = make_sampler(cfg.sampler, cfg.seed + cfg.worker + 7919 * len(study.trials))
     if list(study.directions) != [optuna.study.StudyDirection[d.upper()] for d in directions]:
         raise ConfigError(f"study {cfg.study_name!r} exists with other directions; choose another study_name")
     # a resumed study must score trials the same way, or its best trial would mix two costs
     settings, saved = study_settings(cfg), study.user_attrs.get("settings")
     if saved is None:
         study.set_user_attr("settings", settings)
-    elif saved != settings:
-        changed = sorted(k for k in settings.keys() | saved.keys() if settings.get(k) != saved.get(k))
+    elif any(saved.get(k) != v for k, v in settings.items() if k in saved) or saved.keys() - settings.keys():
+        # a setting recorded only since (model.dtype, ...) is not held against a study saved before it
+        changed = sorted(k for k in settings.keys() | saved.keys()
+                         if k in saved and settings.get(k) != saved.get(k))
         raise ConfigError(f"study {cfg.study_name!r} exists with other settings ({', '.join(changed)}); "
                           "choose another study_name (or objective.metric) or remove its storage")
     return study
@@ -221,7 +232,11 @@ def run_study(cfg: StudyConfig, tracker=None) -> dict:
 
     def objective(trial):
         trial.set_user_attr("worker", cfg.worker)
-        return module.objective(trial, context)
+        value = module.objective(trial, context)
+        values = value if isinstance(value, (list, tuple)) else [value]
+        if not all(math.isfinite(v) for v in values):  # Optuna would record FAIL and go on, unseen
+            raise ValueError(f"the objective returned {value} (not finite) for {trial.params}")
+        return value
 
     def on_trial(study, trial) -> None:
         row = {"number": trial.number, "worker": cfg.worker, **{k: v for k, v in trial.params.items()},

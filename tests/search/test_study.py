@@ -123,3 +123,32 @@ def test_a_trial_that_raises_stops_the_worker_with_one_line_and_keeps_finished_t
     states = [t.state for t in study.trials]
     assert states == [optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL]
     assert len(calls) == 2  # no third trial ran after the failure
+
+
+def test_a_resumed_study_proposes_new_trials_and_refuses_another_dtype(study_cfg, tmp_path):
+    """A sampler seeded as at the first start re-proposed the first run's trials after every kill or
+    requeue; and a study resumed under another dtype (model.dtype=auto differs by machine) mixed scales."""
+    first = run_study(study_cfg(2, "tau", "objective.enqueue=[]"))
+    assert first["finished_trials"] == 2
+    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(tmp_path / "ptd.journal")))
+    before = [t.params for t in optuna.load_study(study_name="t", storage=storage).trials]
+    run_study(study_cfg(4, "tau", "objective.enqueue=[]"))
+    after = [t.params for t in optuna.load_study(study_name="t", storage=storage).trials]
+    assert after[:2] == before and all(p not in before for p in after[2:])
+    with pytest.raises(ConfigError, match=r"exists with other settings \(model.dtype\)"):
+        run_study(study_cfg(5, "tau", "objective.enqueue=[]", "model.dtype=bfloat16"))
+
+
+def test_a_bad_fixed_value_is_one_line_before_any_trial(study_cfg):
+    with pytest.raises(ConfigError, match=r"objective.fixed=\{'depth': 0\}: method.depth"):
+        run_study(study_cfg(2, "tau", "+objective.fixed.depth=0"))
+
+
+def test_a_non_finite_value_stops_the_worker(study_cfg, monkeypatch):
+    """Optuna records a NaN value as FAIL and carries on: the search would skip such trials unseen."""
+    import search.ptd
+    from search.study import TrialFailed
+
+    monkeypatch.setattr(search.ptd, "objective", lambda trial, ctx: float("nan"))
+    with pytest.raises(TrialFailed, match=r"trial 0 of study 't' failed \(ValueError: the objective returned nan"):
+        run_study(study_cfg(2, "tau"))
