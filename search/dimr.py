@@ -15,8 +15,10 @@ Encodings (`encoding`):
   exactly k layers, so every trial is feasible.
 - `bool`: a boolean per inner layer; the skip ratio |z| / L must lie in [min_skip, max_skip].
   A trial outside it is *pruned* before any forward pass (user attr `infeasible`): it costs
-  nothing, never becomes the best trial or enters the Pareto front, TPE ranks it with the bad
-  trials, and it counts toward n_trials like any pruned trial (so n_trials bounds the proposals).
+  nothing, never becomes the best trial or enters the Pareto front, and it counts toward n_trials
+  like any pruned trial (so n_trials bounds the proposals). TPE ranks it with the bad trials once
+  enough trials completed (before that its good group holds pruned ones too); at 30 layers and a
+  ratio in [0.1, 0.3] about 4% of random masks are feasible.
   GPSampler fits only completed trials, so it learns nothing from a pruned one.
 
 Cost (`objective`):
