@@ -89,7 +89,7 @@ def summary_row(s: dict, run_dir: Path) -> dict:
     return {
         "model": s["model"], "task": s["task"], "temperature": float(s["temperature"]),
         "method": run_dir.name if in_comparison else s["method"],
-        "settings": method_settings(run_dir, s["method"]), "_run": run_fields(run_dir, s["method"]),
+        "settings": method_settings(run_dir, s["method"]), "_run": run_fields(run_dir, s["method"], s.get("dtype")),
         "num_prompts": s["num_prompts"],
         "speedup": s.get("speedup"), "speedup_std": s.get("speedup_std"), "repeats": s.get("repeats"),
         "tau": s.get("tau"), "decoding_efficiency": s.get("decoding_efficiency"),
@@ -135,60 +135,83 @@ def method_settings(run_dir: Path, method: str) -> str:
     return " ".join(f"{k}={v}" for k, v in sorted(changed.items()))
 
 
-def run_fields(run_dir: Path, method: str) -> dict:
+def run_fields(run_dir: Path, method: str, dtype: str | None) -> dict:
     """The run's settings outside `method` that change its numbers, by dotted name (from run_config.yaml):
-    the drafter (for methods that use one), the dtype asked for, the token limit, the prompts, seed and
+    the drafter (for methods that use one), the dtype the run used, the token limit, the prompts, seed and
     repeats. Runs that differ in any are different rows, even where their method settings agree."""
     config_path = run_dir / "run_config.yaml"
-    if not config_path.exists():
-        return {}
+    used = {}
+    if config_path.exists():
+        from omegaconf import OmegaConf
+
+        used = OmegaConf.to_container(OmegaConf.load(config_path))
+    fields = {"dtype": dtype, "max_new_tokens": used.get("max_new_tokens"),
+              "task.limit": (used.get("task") or {}).get("limit"), "seed": used.get("seed"),
+              "repeats": used.get("repeats")}
+    if uses_drafter(method):
+        fields |= flattened("drafter", {k: v for k, v in (used.get("drafter") or {}).items() if k != "_target_"})
+    return {k: json.dumps(v, sort_keys=True, separators=(",", ":")) for k, v in fields.items() if v is not None}
+
+
+def uses_drafter(method: str) -> bool:
     from hydra.utils import get_class
-    from omegaconf import OmegaConf
 
     from decoding import method_configs
 
-    used = OmegaConf.to_container(OmegaConf.load(config_path))
-    task, model = used.get("task") or {}, used.get("model") or {}
-    fields = {"model.dtype": model.get("dtype"), "max_new_tokens": used.get("max_new_tokens"),
-              "task.limit": task.get("limit"), "seed": used.get("seed"), "repeats": used.get("repeats")}
     config_cls = method_configs().get(method)
-    if config_cls and getattr(get_class(config_cls._target_), "uses_drafter", False):
-        fields |= {f"drafter.{k}": v for k, v in (used.get("drafter") or {}).items() if k != "_target_"}
-    return {k: json.dumps(v, sort_keys=True) for k, v in fields.items() if v is not None}
+    return bool(config_cls and getattr(get_class(config_cls._target_), "uses_drafter", False))
+
+
+def flattened(prefix: str, value) -> dict:
+    if not isinstance(value, dict):
+        return {prefix: value}
+    return {k: v for key, item in value.items() for k, v in flattened(f"{prefix}.{key}", item).items()}
 
 
 def row_key(row: dict) -> tuple:
-    return (row["model"], row["task"], row["temperature"], row["method"], row["settings"],
-            tuple(sorted(row["_run"].items())))
+    return row["model"], row["task"], row["temperature"], row["method"], row["settings"]
+
+
+def same_run_settings(a: dict, b: dict) -> bool:
+    """Equal wherever both runs recorded the setting (an older run_config.yaml may lack a field)."""
+    return all(a[k] == b[k] for k in a.keys() & b.keys())
 
 
 def latest_per_key(rows: list[dict]) -> tuple[list[dict], list[str]]:
-    best: dict[tuple, dict] = {}
+    """The newest run of each configuration: the same label and the same run settings."""
+    kept: dict[tuple, list[dict]] = {}
     dropped = []
     for row in sorted(rows, key=lambda r: r["_mtime"]):
-        if row_key(row) in best:
-            dropped.append(best[row_key(row)]["run_dir"])
-        best[row_key(row)] = row
-    told_apart(best.values())
-    ordered = sorted(best.values(), key=lambda r: (r["model"], r["task"], r["temperature"], r["method"] != "ar",
-                                                   r["method"], r["settings"]))
+        group = kept.setdefault(row_key(row), [])
+        older = [r for r in group if same_run_settings(r["_run"], row["_run"])]
+        dropped += [r["run_dir"] for r in older]
+        group[:] = [r for r in group if r not in older] + [row]
+    for group in kept.values():
+        told_apart(group)
+    ordered = sorted((r for g in kept.values() for r in g),
+                     key=lambda r: (r["model"], r["task"], r["temperature"], r["method"] != "ar", r["method"],
+                                    r["settings"]))
     return ordered, dropped
 
 
-def told_apart(rows) -> None:
-    """Rows that share a label but not their run settings (a sweep over drafter=, model.dtype=, ...) get
-    the run settings in which they differ added to their settings column."""
-    groups: dict[tuple, list[dict]] = {}
-    for row in rows:
-        groups.setdefault(row_key(row)[:5], []).append(row)
-    for group in groups.values():
-        if len(group) < 2:
-            continue
-        names = sorted({k for r in group for k in r["_run"]})
-        differing = [k for k in names if len({r["_run"].get(k) for r in group}) > 1]
-        for row in group:
-            extra = " ".join(f"{k}={json.loads(row['_run'][k]) if k in row['_run'] else None}" for k in differing)
-            row["settings"] = f"{row['settings']} {extra}".strip()
+def shown(encoded: str | None) -> str:
+    """A run setting as the settings column shows it: plain for a string or number, compact JSON else."""
+    if encoded is None:
+        return "?"
+    value = json.loads(encoded)
+    return encoded if isinstance(value, (dict, list)) else str(value)
+
+
+def told_apart(group: list[dict]) -> None:
+    """Rows that share a label but not their run settings (a sweep over drafter=, max_new_tokens=, ...)
+    get the run settings in which they differ added to their settings column."""
+    if len(group) < 2:
+        return
+    names = sorted({k for r in group for k in r["_run"]})
+    differing = [k for k in names if len({r["_run"].get(k) for r in group}) > 1]
+    for row in group:
+        extra = " ".join(f"{k}={shown(row['_run'].get(k))}" for k in differing)
+        row["settings"] = f"{row['settings']} {extra}".strip()
 
 
 def mixed_references(rows: list[dict]) -> list[str]:

@@ -133,6 +133,11 @@ def make_storage(cfg: StudyConfig):
     return JournalStorage(JournalFileBackend(str(path)))
 
 
+# recorded since 2026-12-05: a study saved before has none of them, and is not refused for that
+MODEL_SETTINGS_SINCE_2026_12_05 = ("model.path", "model.revision", "model.dtype", "model.attn_implementation",
+                                   "model.cuda_graph")
+
+
 def study_settings(cfg: StudyConfig) -> dict:
     """What a trial's value depends on: the model and the objective's `settings(cfg)` if it defines
     one, else every objective field but the export target and the parameter sets tried first (those
@@ -161,20 +166,25 @@ def open_study(cfg: StudyConfig, directions: list[str]):
 
     study = optuna.create_study(study_name=cfg.study_name, storage=make_storage(cfg), load_if_exists=True,
                                 directions=directions, sampler=make_sampler(cfg.sampler, cfg.seed + cfg.worker))
-    if study.trials:  # resumed: a sampler seeded as at the start would propose the first run's trials again
-        study.sampler = make_sampler(cfg.sampler, cfg.seed + cfg.worker + 7919 * len(study.trials))
+    own = [t for t in study.trials if t.user_attrs.get("worker") == cfg.worker]
+    if own:  # this worker resumes: seeded as at its start, its sampler would propose its first trials again
+        study.sampler = make_sampler(cfg.sampler, cfg.seed + cfg.worker + 7919 * len(own))
     if list(study.directions) != [optuna.study.StudyDirection[d.upper()] for d in directions]:
         raise ConfigError(f"study {cfg.study_name!r} exists with other directions; choose another study_name")
     # a resumed study must score trials the same way, or its best trial would mix two costs
     settings, saved = study_settings(cfg), study.user_attrs.get("settings")
     if saved is None:
         study.set_user_attr("settings", settings)
-    elif any(saved.get(k) != v for k, v in settings.items() if k in saved) or saved.keys() - settings.keys():
-        # a setting recorded only since (model.dtype, ...) is not held against a study saved before it
-        changed = sorted(k for k in settings.keys() | saved.keys()
-                         if k in saved and settings.get(k) != saved.get(k))
+        return study
+    missing = object()
+    changed = sorted(k for k in settings.keys() | saved.keys()
+                     if not (k in MODEL_SETTINGS_SINCE_2026_12_05 and k not in saved)
+                     and settings.get(k, missing) != saved.get(k, missing))
+    if changed:
         raise ConfigError(f"study {cfg.study_name!r} exists with other settings ({', '.join(changed)}); "
                           "choose another study_name (or objective.metric) or remove its storage")
+    if saved != settings:  # saved before the model's settings were recorded: they are from now on
+        study.set_user_attr("settings", settings)
     return study
 
 

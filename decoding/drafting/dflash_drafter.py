@@ -133,7 +133,7 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x32 = x.float()
         normed = (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
-        return (self.weight * normed).to(x.dtype)  # HF's rounding order: cast, then scale (bf16 ties as the reference's)
+        return (self.weight * normed).to(x.dtype)  # HF's order: cast, then scale (bf16 ties as the reference's)
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

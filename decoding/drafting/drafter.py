@@ -68,7 +68,9 @@ class Drafter:
         self.shares_target = shares_target  # made of the target's own layers (no weights of its own)
         self.cached: list[int] = []
         # rows the target's vocabulary has beyond the drafter's (same tokenizer, padded embeddings: e.g.
-        # Qwen2.5-0.5B's 151936 for 7B's 152064): the drafter's logits get them at -inf, so q and p align
+        # Qwen2.5-0.5B's 151936 for 7B's 152064): the drafter's logits get them at -inf, so q and p align.
+        # The target could sample a padding row at T > 0 only if its training gave one mass, which trained
+        # models do not; the drafter's embedding would then refuse that id
         self.extra_vocab = extra_vocab
 
     def _logits(self, logits: torch.Tensor) -> torch.Tensor:

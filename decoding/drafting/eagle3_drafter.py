@@ -56,7 +56,8 @@ def fitted_embeddings(drafter: "Eagle3Drafter", taps, target, who: str) -> nn.Mo
     if spec.target_hidden_size != cfg.hidden_size or spec.vocab_size != cfg.vocab_size or len(taps) != 3 \
             or not all(0 <= i <= layers - 2 for i in taps):
         raise ConfigError(f"{who} does not fit this target (hidden {spec.target_hidden_size} vs {cfg.hidden_size}, "
-                          f"vocab {spec.vocab_size} vs {cfg.vocab_size}, layers {list(taps)}: three of 0..{layers - 2})")
+                          f"vocab {spec.vocab_size} vs {cfg.vocab_size}, layers {list(taps)}: three of "
+                          f"0..{layers - 2})")
     own = drafter.embed_tokens
     if own is None and spec.hidden_size != cfg.hidden_size:
         raise ConfigError(f"{who} is {spec.hidden_size} wide and has no embed_tokens of its own; the target's are "

@@ -21,6 +21,7 @@ from decoding.engine.target import ForwardOutput, TargetModel
 from decoding.engine.tree import TokenTree
 from pipeline.errors import ConfigError, check_choice
 
+
 def check_verify(cfg) -> None:
     """`method.verify` of a sampled chain (BlockDraftMethod.sampled_chain): exact | rejection, the latter
     only with `sample_draft` (an argmax draft is verified by exact match whatever it says)."""

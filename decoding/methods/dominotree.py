@@ -19,7 +19,7 @@ CondAdaptive out: this builder is our reconstruction, and `max_budget` (64) is o
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 from decoding.methods.block_draft import BlockDraftMethod

@@ -11,7 +11,8 @@ Per step, in one forward with the candidate trie (see `decoding/engine/aux_rows.
 The context cache (key = 1 token -> at most 10 n-grams, LRU) is filled with every window of every
 column (inputs, then the model's output at the window's end), and with the committed text extended
 by column 0's chain; it lives across prompts and is cut to `keep_num` n-grams per key every
-`flush_interval` prompts (departures from the repository's cache: docs/methods/endogenous.md). An optional static corpus table adds up to 3 n-grams (longest key first).
+`flush_interval` prompts (departures from the repository's cache: docs/methods/endogenous.md). An
+optional static corpus table adds up to 3 n-grams (longest key first).
 Candidates are verified by the engine exactly like Lookahead's (lossless at T=0 and T>0).
 """
 
@@ -48,7 +49,7 @@ class SelfDraftConfig:
     corpus_max_key_len: int = 4  # main.py --max-key-len: corpus keys of 4..1 tokens (back-off)
     corpus_candidates: int = 3  # drafts.py retrieve_drafts: at most 3 corpus n-grams per step
     corpus_top_k: int = 20  # CorpusCache.sort_cache_by_freq(topk=20)
-    corpus_min_count: int = 6  # n-grams seen at least 6 times: the shipped clean-5 cache (CorpusCache.clean(5) keeps > 5)
+    corpus_min_count: int = 6  # seen at least 6 times: the shipped clean-5 cache (CorpusCache.clean(5): > 5)
     seed: int = 10  # self_draft_greedy_search: random.seed(10) before the prefixes are drawn
 
     def __post_init__(self) -> None:

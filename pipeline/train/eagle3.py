@@ -189,7 +189,8 @@ def train_eagle3(cfg: TrainConfig, run_config: dict, show_progress: bool = True)
     layers = target.config.num_hidden_layers
     layer_ids = list(d.eagle_layer_ids) or default_aux_layer_ids(layers)
     if not all(0 <= i <= layers - 2 for i in layer_ids):  # as decoding's fitted_embeddings
-        raise ConfigError(f"drafter.eagle_layer_ids={layer_ids}: model {cfg.model.name} has {layers} layers: taps are outputs of layers 0..{layers - 2}")
+        raise ConfigError(f"drafter.eagle_layer_ids={layer_ids}: model {cfg.model.name} has {layers} layers: taps "
+                          f"are outputs of layers 0..{layers - 2}")
 
     samples = training_samples(cfg, target, tokenizer)
     if not 1 <= d.val_sequences < len(samples):

@@ -25,7 +25,8 @@ def sweep_dir(tiny_model_dirs, tmp_path_factory) -> Path:
     for num, overrides in enumerate([["method=ar"], ["method=pld"], ["method=pld", "method.num_draft_tokens=4"]]):
         with initialize_config_module(config_module="conf", version_base="1.3"):
             cfg = compose("config", overrides=[
-                "model=smollm2-135m", "model.source=hub", "model.dtype=float32", f"model.path={tiny_model_dirs['llama']}",
+                "model=smollm2-135m", "model.source=hub", "model.dtype=float32",
+                f"model.path={tiny_model_dirs['llama']}",
                 "model.name=tiny-llama", "task=humaneval", "task.limit=2", "max_new_tokens=10", "tracker=none",
                 f"outputs_root={root / 'outputs'}", "experiment_name=unit_sweep", *overrides])
         run(cfg, sweep / f"{num}_{overrides[0][7:]}_humaneval", show_progress=False)
@@ -131,18 +132,24 @@ def test_runs_that_differ_outside_the_method_are_separate_rows_told_apart(tiny_m
     sweep = tmp_path / "sweep"
     runs = [["method=ar"], ["method=ar", "drafter.exit_layer=1"],
             ["method=sd", "drafter.exit_layer=1"], ["method=sd", "drafter.exit_layer=2"],
+            ["method=sd", "drafter=qwen3-0.6b", f"drafter.model.path={tiny_model_dirs['qwen3']}",
+             "drafter.model.source=hub", "drafter.model.dtype=float32"],
             ["method=pld"], ["method=pld", "max_new_tokens=6"]]
     for num, overrides in enumerate(runs):
         with initialize_config_module(config_module="conf", version_base="1.3"):
             cfg = compose("config", overrides=[
-                "model=smollm2-135m", "model.source=hub", "model.dtype=float32", f"model.path={tiny_model_dirs['llama']}",
+                "model=smollm2-135m", "model.source=hub", "model.dtype=float32",
+                f"model.path={tiny_model_dirs['llama']}",
                 "model.name=tiny-llama", "task=humaneval", "task.limit=1", "max_new_tokens=8", "tracker=none",
                 "drafter=early_exit", f"outputs_root={tmp_path / 'outputs'}", *overrides])
         run(cfg, sweep / f"{num}", show_progress=False)
     collected = report.collect([sweep])
-    assert sorted((r["method"], r["settings"]) for r in collected.rows) == [
-        ("ar", ""), ("pld", "max_new_tokens=6"), ("pld", "max_new_tokens=8"),
-        ("sd", "drafter.exit_layer=1"), ("sd", "drafter.exit_layer=2")]
+    rows = sorted((r["method"], r["settings"]) for r in collected.rows)
+    assert rows[:3] == [("ar", ""), ("pld", "max_new_tokens=6"), ("pld", "max_new_tokens=8")]
+    sd = [settings.split() for method, settings in rows[3:]]  # one k=v per differing setting, nested ones dotted
+    assert len(sd) == 3 and len({tuple(s) for s in sd}) == 3 and all(len(s) == len(sd[0]) for s in sd)
+    assert "drafter.exit_layer=1" in sd[0] and "drafter.exit_layer=2" in sd[1]
+    assert f"drafter.model.path={tiny_model_dirs['qwen3']}" in sd[2] and "drafter.kind=model" in sd[2]
     assert [n for n in collected.notes if "superseded" in n] == [f"{sweep / '0'} is superseded by a newer run of "
                                                                  "the same configuration"]
 
@@ -176,3 +183,14 @@ def test_a_lossy_job_at_t0_has_its_ar_prefix_agreement_in_the_summary(tiny_model
     assert 0.0 <= summary["ar_prefix_agreement"] <= 1.0 and "match_rate" not in summary
     row = report.collect([tmp_path / "run"]).rows[0]
     assert row["ar_prefix_agreement"] == summary["ar_prefix_agreement"]
+
+
+def test_a_run_whose_config_lacks_a_newer_field_is_still_superseded():
+    def row(mtime, run):
+        return {"model": "m", "task": "t", "temperature": 0.0, "method": "sd", "settings": "", "_run": run,
+                "_mtime": mtime, "run_dir": f"run{mtime}"}
+
+    old = row(1, {"seed": "0"})  # saved before max_new_tokens was recorded
+    rows, dropped = report.latest_per_key([old, row(2, {"seed": "0", "max_new_tokens": "8"}),
+                                           row(3, {"seed": "1", "max_new_tokens": "8"})])
+    assert dropped == ["run1"] and [r["settings"] for r in rows] == ["seed=0", "seed=1"]

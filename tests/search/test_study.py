@@ -140,7 +140,7 @@ def test_a_resumed_study_proposes_new_trials_and_refuses_another_dtype(study_cfg
 
 
 def test_a_bad_fixed_value_is_one_line_before_any_trial(study_cfg):
-    with pytest.raises(ConfigError, match=r"objective.fixed=\{'depth': 0\}: method.depth"):
+    with pytest.raises(ConfigError, match=r"objective.fixed.depth=0: method.depth"):
         run_study(study_cfg(2, "tau", "+objective.fixed.depth=0"))
 
 
@@ -152,3 +152,21 @@ def test_a_non_finite_value_stops_the_worker(study_cfg, monkeypatch):
     monkeypatch.setattr(search.ptd, "objective", lambda trial, ctx: float("nan"))
     with pytest.raises(TrialFailed, match=r"trial 0 of study 't' failed \(ValueError: the objective returned nan"):
         run_study(study_cfg(2, "tau"))
+
+
+def test_a_study_saved_before_the_model_settings_resumes_and_records_them(study_cfg, tmp_path):
+    """Model settings recorded since 2026-12-05 are not held against an older study (then recorded); any
+    other setting one side lacks still refuses (DIMR's prefill calibration records no calibration key)."""
+    from search.study import MODEL_SETTINGS_SINCE_2026_12_05
+
+    run_study(study_cfg(1, "tau", "objective.enqueue=[]"))
+    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(tmp_path / "ptd.journal")))
+    study = optuna.load_study(study_name="t", storage=storage)
+    current = study.user_attrs["settings"]
+    older = {k: v for k, v in current.items() if k not in MODEL_SETTINGS_SINCE_2026_12_05}
+    study.set_user_attr("settings", older)
+    assert run_study(study_cfg(2, "tau", "objective.enqueue=[]"))["finished_trials"] == 2
+    assert optuna.load_study(study_name="t", storage=storage).user_attrs["settings"] == current
+    study.set_user_attr("settings", {**current, "objective.calibration": "decode"})
+    with pytest.raises(ConfigError, match=r"other settings \(objective.calibration\)"):
+        run_study(study_cfg(3, "tau", "objective.enqueue=[]"))

@@ -166,3 +166,21 @@ def test_a_bf16_drafter_keeps_its_rope_frequencies_in_fp32(tmp_path, domino, tin
     cos, sin = loaded.rope(positions, torch.float32)
     ref_cos, ref_sin = model.rope(positions, torch.float32)
     assert torch.allclose(cos, ref_cos, atol=1e-5) and torch.allclose(sin, ref_sin, atol=1e-5)
+
+
+def test_the_drafters_rmsnorm_rounds_as_hf_qwen3_in_bf16():
+    """Cast the normalised row to the input dtype, then scale (HF's order): in bf16 the other order rounds
+    once instead of twice and can flip the reference drafts' argmax near-ties."""
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+
+    from decoding.drafting.dflash_drafter import RMSNorm
+
+    gen = torch.Generator().manual_seed(0)
+    x = (torch.randn(64, 96, generator=gen) * 3).to(torch.bfloat16)
+    ours, theirs = RMSNorm(96, 1e-6).to(torch.bfloat16), Qwen3RMSNorm(96, eps=1e-6).to(torch.bfloat16)
+    with torch.no_grad():
+        weight = (1 + 0.3 * torch.randn(96, generator=gen)).to(torch.bfloat16)
+        ours.weight.copy_(weight)
+        theirs.weight.copy_(weight)
+        assert torch.equal(ours(x), theirs(x))
+        assert ours(x.float()).dtype == torch.float32

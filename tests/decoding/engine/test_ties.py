@@ -56,9 +56,10 @@ def test_a_constructed_near_tie_is_a_tie_and_a_wrong_token_is_a_divergence(near_
     assert bug.kind == "divergence" and bug.margin == pytest.approx(float(row[a] - row[wrong]), abs=1e-4)
     assert diagnose(target, prompt, ar, list(ar)) is None
     # an output that stops early (a prefix of the other) is never a rounding tie: both stop alike
-    for shorter, longer in ((ar[:j], ar), (ar, ar + [a])):
-        early = diagnose(target, prompt, longer, shorter) if shorter is not ar else diagnose(target, prompt, ar, longer)
-        assert early.ended_early and early.kind == "divergence" and early.position == len(shorter)
+    method_shorter = diagnose(target, prompt, ar, ar[:j])  # was a "tie": margin <= 0 against the top logit
+    method_longer = diagnose(target, prompt, ar, ar + [a])
+    for early, at in ((method_shorter, j), (method_longer, len(ar))):
+        assert early.ended_early and early.kind == "divergence" and early.position == at
 
 
 @pytest.fixture(scope="module")

@@ -101,7 +101,8 @@ def test_a_drafter_with_fewer_output_rows_than_the_target_drafts_with_padded_log
     wide.save_pretrained(tmp_path / "wide")
     tokenizer.save_pretrained(tmp_path / "wide")
     target = TargetModel(AutoModelForCausalLM.from_pretrained(tmp_path / "wide", dtype=torch.float32).eval(), tokenizer)
-    narrow = DrafterConfig(kind="model", gamma=4, model=ModelConfig(name="tiny-qwen3", path=str(tiny_model_dirs["qwen3"])))
+    narrow = DrafterConfig(kind="model", gamma=4,
+                           model=ModelConfig(name="tiny-qwen3", path=str(tiny_model_dirs["qwen3"])))
     prompt = [7, 30, 31, 32, 30, 31]
     ar = generate(AR(), target, prompt, max_new_tokens=16).new_tokens
     assert max(ar) < rows
