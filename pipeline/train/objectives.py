@@ -1,12 +1,13 @@
 """Training objectives of the block drafters, on one training sequence at a time.
 
-DFlash (SpecForge `core/dflash.py` recipe): random anchors inside the answer; for each anchor a
+DFlash (SpecForge `algorithms/common/dflash_family_model.py` recipe): random anchors from the last prompt
+token (decoding's first root) to the answer's end; for each anchor a
 block [anchor token, mask x (B-1)] at positions anchor..anchor+B-1 that sees the context strictly
 before the anchor plus its own block (blocks never see each other); block row k is labelled with
 the token at anchor+k (anchor+k+1 with `shift_label`), row 0 unlabelled; cross-entropy weighted by
 exp(-(k-1)/gamma), so early block positions, which decide acceptance, weigh most.
 
-Domino (SpecForge `core/domino.py`): the same blocks; the GRU is teacher-forced on the true tokens
+Domino (SpecForge `modeling/draft/domino.py`): the same blocks; the GRU is teacher-forced on the true tokens
 [anchor, t1, ...], the correction is added from position 1 + pure_draft_prefix_len on, and the loss
 mixes corrected and base logits, (1 - lambda) * CE(base + corr) + lambda * CE(base), with lambda
 annealed by the trainer (base-anchored curriculum).

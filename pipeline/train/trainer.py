@@ -5,6 +5,7 @@ checkpoint layout after every checkpoint."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -138,7 +139,9 @@ def check_leg(state_dir: Path, out_dir: Path, init_from: Optional[str], init_fol
     """A state dir holds one run's state: a continued leg must not resume a first leg's optimizer and step
     (nor the reverse), and must not publish over the checkpoint it continues (`init_from` as written,
     `init_folder` where it resolved). `leg.json` says whose it is."""
-    leg = {"init_from": str(init_folder.resolve()) if init_from else None, "init_steps": prior_steps}
+    leg = {"init_from": str(init_folder.resolve()) if init_from else None, "init_steps": prior_steps,
+           # the weights too: a folder retrained in place is another starting point
+           **({"init_weights": weights_digest(init_folder)} if init_from else {})}
     # the folder it resolved to, and the spelling itself: a working-directory `drafters/...` that is also the
     # default out_dir resolves to the shipped copy only until this leg's first export lands there
     if init_from and out_dir.resolve() in (Path(leg["init_from"]), Path(init_from).expanduser().resolve()):
@@ -154,6 +157,13 @@ def check_leg(state_dir: Path, out_dir: Path, init_from: Optional[str], init_fol
             raise ConfigError(f"drafter.state_dir={state_dir} holds the state of {whose}; this run {mine}: give it its "
                               "own drafter.state_dir")
     marker.write_text(json.dumps(leg))
+
+
+def weights_digest(folder: Path) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(folder.glob("*.safetensors")) + sorted(folder.glob("*.bin")):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def learning_rate(step: int, cfg) -> float:
@@ -179,15 +189,17 @@ def compute_loss(model, embed, lm_head, sample, blocks, cfg, step):
 def validate(model, embed, lm_head, samples, cfg) -> dict:
     gen = torch.Generator().manual_seed(1234)
     totals: dict[str, float] = {}
+    scored = 0
     for sample in samples:
         blocks = sample_blocks(sample["ids"], sample["prompt_len"], model.spec.block_size, cfg.drafter.num_anchors,
                                cfg.drafter.loss_decay_gamma, model.spec.shift_label, gen)
-        if blocks is None:
+        if blocks is None:  # an answer too short for a block: not scored, not counted
             continue
         _, metrics = compute_loss(model, embed, lm_head, sample, blocks, cfg, cfg.drafter.steps)
+        scored += 1
         for k, v in metrics.items():
-            totals[k] = totals.get(k, 0.0) + v / len(samples)
-    return {f"val/{k}": v for k, v in totals.items()}
+            totals[k] = totals.get(k, 0.0) + v
+    return {f"val/{k}": v / scored for k, v in totals.items()}
 
 
 def training_samples(cfg: TrainConfig, target, tokenizer, tap_layers: Optional[list[int]] = None) -> list[dict]:
@@ -323,8 +335,9 @@ def train(cfg: TrainConfig, run_config: dict, show_progress: bool = True) -> dic
     else:
         model = new_drafter(cfg, target.config)
     prior_steps = int(prior.get("steps", 0))
-    if d.kind == "dflash":  # Domino's init_from is its backbone, not a leg to continue
-        check_leg(state_dir, out_dir, d.init_from, init_folder, prior_steps)
+    # Domino's init_from is its backbone, not a leg to continue; its state dir is still that backbone's alone
+    backbone = init_folder or (resolve_location(d.init_from) if d.init_from else None)
+    check_leg(state_dir, out_dir, d.init_from, backbone, prior_steps)
     layers = list(model.spec.target_layer_ids)  # a checkpoint's own taps (Domino's backbone, a continued leg)
     samples = training_samples(cfg, target, tokenizer, layers)
     taps = lambda sample: with_taps(sample, target, layers, d.max_train_len)  # noqa: E731 - the corpus: recomputed
@@ -356,17 +369,18 @@ def train(cfg: TrainConfig, run_config: dict, show_progress: bool = True) -> dic
                 group["lr"] = learning_rate(step, d)
             optimizer.zero_grad(set_to_none=True)
             agg: dict[str, float] = {}
-            for sample in rng.sample(train_set, d.seqs_per_step):
-                sample = taps(sample)
+            batch = []  # the sequences long enough for a block: the step averages over them alone
+            for sample in map(taps, rng.sample(train_set, d.seqs_per_step)):
                 blocks = sample_blocks(sample["ids"], sample["prompt_len"], model.spec.block_size, d.num_anchors,
                                        d.loss_decay_gamma, model.spec.shift_label, gen)
-                if blocks is None:
-                    continue
+                if blocks is not None:
+                    batch.append((sample, blocks))
+            for sample, blocks in batch:
                 with autocast(cfg, target.device):
                     loss, metrics = compute_loss(model, embed, lm_head, sample, blocks, cfg, step)
-                (loss / d.seqs_per_step).backward()
+                (loss / len(batch)).backward()
                 for k, v in metrics.items():
-                    agg[k] = agg.get(k, 0.0) + v / d.seqs_per_step
+                    agg[k] = agg.get(k, 0.0) + v / len(batch)
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
             step += 1

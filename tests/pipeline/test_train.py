@@ -71,6 +71,10 @@ def test_train_both_stages_export_and_resume(tiny_model_dirs, tmp_path):
     assert train(cfg, {}, show_progress=False)["steps"] == 4
     state = torch.load(tmp_path / "state" / "dflash" / "train_state.pt", weights_only=False)
     assert state["step"] == 4
+    # the DFlash backbone was retrained in place: a Domino rerun must not resume the state built on the old one
+    cfg = compose_train(tiny_overrides(tiny_model_dirs["llama"], tmp_path, "domino", steps=3))
+    with pytest.raises(ConfigError, match=r"drafter.state_dir=.*domino holds the state of a leg continuing"):
+        train(cfg, {}, show_progress=False)
 
 
 def test_dflash_init_from_continues_a_trained_checkpoint_as_a_new_leg(tiny_model_dirs, tmp_path, monkeypatch, caplog):
