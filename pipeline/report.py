@@ -145,12 +145,15 @@ def run_fields(run_dir: Path, method: str, dtype: str | None) -> dict:
         from omegaconf import OmegaConf
 
         used = OmegaConf.to_container(OmegaConf.load(config_path))
-    fields = {"dtype": dtype, "max_new_tokens": used.get("max_new_tokens"),
-              "task.limit": (used.get("task") or {}).get("limit"), "seed": used.get("seed"),
-              "repeats": used.get("repeats")}
-    if uses_drafter(method):
-        fields |= flattened("drafter", {k: v for k, v in (used.get("drafter") or {}).items() if k != "_target_"})
-    return {k: json.dumps(v, sort_keys=True, separators=(",", ":")) for k, v in fields.items() if v is not None}
+    # None is a value (task.limit=null: every prompt); only a setting a run did not record (an older
+    # run_config.yaml, an older summary's dtype) is left out, and then matches any (same_run_settings)
+    fields = {"dtype": dtype} if dtype is not None else {}
+    fields |= {k: used[k] for k in ("max_new_tokens", "seed", "repeats") if k in used}
+    if "limit" in (used.get("task") or {}):
+        fields["task.limit"] = used["task"]["limit"]
+    if uses_drafter(method) and used.get("drafter"):
+        fields |= flattened("drafter", {k: v for k, v in used["drafter"].items() if k != "_target_"})
+    return {k: json.dumps(v, sort_keys=True, separators=(",", ":")) for k, v in fields.items()}
 
 
 def uses_drafter(method: str) -> bool:

@@ -160,6 +160,22 @@ def relative_cost(curve: dict[int, float], rows: int, padded: bool = False) -> f
     return (curve[hi] + (curve[hi] - curve[lo]) * (rows - hi) / (hi - lo)) / curve[1]
 
 
+def check_fixed(obj) -> None:
+    """A bad `objective.fixed` value is the user's: one line before any trial, not every trial pruned later.
+    Each value alone, with the fields of PTDConfig's one rule across fields (drafting_budget >= num_seeds) out
+    of its way; then all of them together with the defaults, unless a field of that rule is searched (the
+    trials decide it)."""
+    neutral = {"num_seeds": 1, "drafting_budget": 2**31}
+    checks = [(f"objective.fixed.{k}={v}", {**neutral, k: v}) for k, v in obj.fixed.items()]
+    if not set(neutral) & set(obj.params):
+        checks.append((f"objective.fixed={dict(obj.fixed)}", dict(obj.fixed)))
+    for what, values in checks:
+        try:
+            ptd_config({}, values)
+        except (ConfigError, TypeError) as err:
+            raise ConfigError(f"{what}: {err}") from None
+
+
 def prepare(cfg) -> Context:
     from decoding.methods.ar import AR
     from decoding.engine.loop import generate
@@ -167,11 +183,7 @@ def prepare(cfg) -> Context:
     from pipeline.tasks import build_chat
 
     obj = cfg.objective
-    for name, value in obj.fixed.items():  # a bad fixed value is the user's: one line now, not every trial
-        try:                                 # pruned later (each alone: rules across fields await the trials)
-            ptd_config({}, {name: value})
-        except (ConfigError, TypeError) as err:
-            raise ConfigError(f"objective.fixed.{name}={value}: {err}") from None
+    check_fixed(obj)
     model, tokenizer = load_model(cfg.model)
     target = target_model(model, tokenizer, cfg.model)  # model.cuda_graph as the runs have it
     task_cfg, examples = calibration_examples(obj.task, obj.calibration_prompts, obj.calibration_seed)

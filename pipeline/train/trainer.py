@@ -150,19 +150,27 @@ def check_leg(state_dir: Path, out_dir: Path, init_from: Optional[str], init_fol
     marker = state_dir / "leg.json"
     if (state_dir / "train_state.pt").exists():
         theirs = json.loads(marker.read_text()) if marker.exists() else {"init_from": None, "init_steps": 0}
+        if "init_weights" not in theirs:  # a marker from before the weights were recorded: their folder decides
+            theirs = {**theirs, **({"init_weights": leg["init_weights"]} if "init_weights" in leg else {})}
         if theirs != leg:
-            whose = (f"a leg continuing {theirs['init_from']} (at its step {theirs['init_steps']})"
+            if {**theirs, "init_weights": None} == {**leg, "init_weights": None}:
+                raise ConfigError(f"drafter.state_dir={state_dir} holds a state begun from other weights in "
+                                  f"{leg['init_from']} (retrained since): give this run its own drafter.state_dir")
+            whose = (f"a run begun from {theirs['init_from']} (at its step {theirs['init_steps']})"
                      if theirs["init_from"] else "a run from scratch")
-            mine = f"continues {leg['init_from']} at its step {prior_steps}" if init_from else "starts from scratch"
+            mine = f"begins from {leg['init_from']} at its step {prior_steps}" if init_from else "starts from scratch"
             raise ConfigError(f"drafter.state_dir={state_dir} holds the state of {whose}; this run {mine}: give it its "
                               "own drafter.state_dir")
     marker.write_text(json.dumps(leg))
 
 
 def weights_digest(folder: Path) -> str:
+    """A checkpoint folder's config and weights, read in chunks."""
     digest = hashlib.sha256()
-    for path in sorted(folder.glob("*.safetensors")) + sorted(folder.glob("*.bin")):
-        digest.update(path.read_bytes())
+    for path in [folder / "config.json", *sorted(folder.glob("*.safetensors")), *sorted(folder.glob("*.bin"))]:
+        if path.is_file():
+            with path.open("rb") as handle:
+                digest.update(hashlib.file_digest(handle, "sha256").digest())
     return digest.hexdigest()[:16]
 
 
@@ -199,6 +207,8 @@ def validate(model, embed, lm_head, samples, cfg) -> dict:
         scored += 1
         for k, v in metrics.items():
             totals[k] = totals.get(k, 0.0) + v
+    if not scored:
+        log.warning("no validation answer is long enough for a %d-token block: no val/ metrics", model.spec.block_size)
     return {f"val/{k}": v / scored for k, v in totals.items()}
 
 

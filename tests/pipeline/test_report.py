@@ -194,3 +194,16 @@ def test_a_run_whose_config_lacks_a_newer_field_is_still_superseded():
     rows, dropped = report.latest_per_key([old, row(2, {"seed": "0", "max_new_tokens": "8"}),
                                            row(3, {"seed": "1", "max_new_tokens": "8"})])
     assert dropped == ["run1"] and [r["settings"] for r in rows] == ["seed=0", "seed=1"]
+
+
+def test_the_report_keeps_a_full_run_apart_from_a_limited_one(tmp_path):
+    """task.limit=null (every prompt) is a value, not a missing setting: a later 5-prompt run of the same
+    label must not supersede the full run."""
+    for name, limit in (("full", "null"), ("five", "5")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "run_config.yaml").write_text(f"task:\n  limit: {limit}\nmax_new_tokens: 8\n")
+    full, five = report.run_fields(tmp_path / "full", "ar", None), report.run_fields(tmp_path / "five", "ar", None)
+    assert full["task.limit"] == "null" and not report.same_run_settings(full, five)
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "run_config.yaml").write_text("max_new_tokens: 8\n")  # a run that recorded no limit
+    assert report.same_run_settings(report.run_fields(tmp_path / "old", "ar", None), five)

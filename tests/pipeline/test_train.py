@@ -73,7 +73,8 @@ def test_train_both_stages_export_and_resume(tiny_model_dirs, tmp_path):
     assert state["step"] == 4
     # the DFlash backbone was retrained in place: a Domino rerun must not resume the state built on the old one
     cfg = compose_train(tiny_overrides(tiny_model_dirs["llama"], tmp_path, "domino", steps=3))
-    with pytest.raises(ConfigError, match=r"drafter.state_dir=.*domino holds the state of a leg continuing"):
+    with pytest.raises(ConfigError, match=r"state_dir=.*domino holds a state begun from other weights in .*dflash "
+                                          r"\(retrained since\)"):
         train(cfg, {}, show_progress=False)
 
 
@@ -122,10 +123,10 @@ def test_dflash_init_from_continues_a_trained_checkpoint_as_a_new_leg(tiny_model
     with pytest.raises(ConfigError, match="export the new leg elsewhere"):
         trainer.train(compose_train([o for o in leg if not o.startswith("drafter.out_dir")]
                                     + [f"drafter.out_dir={tmp_path / 'dflash'}"]), {}, show_progress=False)
-    with pytest.raises(ConfigError, match="holds the state of a run from scratch; this run continues"):
+    with pytest.raises(ConfigError, match="holds the state of a run from scratch; this run begins from"):
         trainer.train(compose_train([o for o in leg if not o.startswith("drafter.state_dir")]
                                     + [f"drafter.state_dir={tmp_path / 'state' / 'dflash'}"]), {}, show_progress=False)
-    with pytest.raises(ConfigError, match="holds the state of a leg continuing .*this run starts from scratch"):
+    with pytest.raises(ConfigError, match="holds the state of a run begun from .*this run starts from scratch"):
         trainer.train(compose_train([o for o in scratch if not o.startswith("drafter.state_dir")]
                                     + [f"drafter.state_dir={tmp_path / 'state' / 'leg'}"]), {}, show_progress=False)
     trainer.train(compose_train(tiny_overrides(path, tmp_path, "domino", steps=1)), {}, show_progress=False)
@@ -297,7 +298,7 @@ def test_eagle3_training_raises_chain_acceptance_and_decodes_as_method_eagle3(ti
                              for o in leg]), {}, show_progress=False)
     plain_in_leg_state = [o for o in more_overrides if not o.startswith("drafter.state_dir")] + \
         [f"drafter.state_dir={tmp_path / 'state' / 'leg2'}"]
-    with pytest.raises(ConfigError, match="holds the state of a leg continuing"):
+    with pytest.raises(ConfigError, match="holds the state of a run begun from"):
         train(compose_train(plain_in_leg_state), {}, show_progress=False)
     # rerun of the same leg resumes it (its saved step, not a fresh start), also when init_from is spelt absolute
     import logging

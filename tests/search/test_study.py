@@ -170,3 +170,18 @@ def test_a_study_saved_before_the_model_settings_resumes_and_records_them(study_
     study.set_user_attr("settings", {**current, "objective.calibration": "decode"})
     with pytest.raises(ConfigError, match=r"other settings \(objective.calibration\)"):
         run_study(study_cfg(3, "tau", "objective.enqueue=[]"))
+
+
+def test_fixed_values_are_checked_alone_and_together_where_no_rule_field_is_searched():
+    from types import SimpleNamespace
+
+    from search.ptd import check_fixed
+
+    searched = {"drafting_budget": {"type": "int", "low": 12, "high": 64}}
+    check_fixed(SimpleNamespace(fixed={"num_seeds": 10}, params=searched))  # the trials' budgets decide
+    check_fixed(SimpleNamespace(fixed={"num_seeds": 10, "drafting_budget": 16}, params={}))
+    with pytest.raises(ConfigError, match=r"objective.fixed=\{'num_seeds': 10, 'drafting_budget': 5\}"):
+        check_fixed(SimpleNamespace(fixed={"num_seeds": 10, "drafting_budget": 5}, params={}))
+    with pytest.raises(ConfigError, match=r"objective.fixed.widht=2"):
+        check_fixed(SimpleNamespace(fixed={"widht": 2}, params={}))
+
