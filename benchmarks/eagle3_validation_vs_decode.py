@@ -45,6 +45,7 @@ def main() -> None:
     from pipeline.schema import register_configs
     from pipeline.train.corpus import load_corpus
     from pipeline.train.eagle3 import teacher_pass, ttt_steps
+    from pipeline.train.exit_head import Readout
 
     register_configs()
     with initialize_config_module(config_module="conf", version_base="1.3"):
@@ -55,13 +56,13 @@ def main() -> None:
     method = Eagle3(Eagle3Config(drafter=args.drafter, tree=False, chain_length=length))
     method.setup(target)
     stops = stop_token_ids(model, tokenizer)
-    unembed = model.get_output_embeddings().weight.float()
+    readout = Readout(model)  # the trainer's teacher: the target's readout (soft cap included)
 
     def leading_runs(ids: torch.Tensor, prompt_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(leading agreeing steps per row [T-1], rows whose first draft is an answer token)."""
         with torch.no_grad():
             feats, finals = teacher_pass(model, ids, list(method.taps))
-            steps = ttt_steps(method.drafter, method.embed, feats, finals, unembed, ids, prompt_len, length)
+            steps = ttt_steps(method.drafter, method.embed, feats, finals, readout, ids, prompt_len, length)
         agree = torch.stack([a & ok for _, a, ok in steps])
         return agree.int().cumprod(0).sum(0), steps[0][2]
 

@@ -177,8 +177,10 @@ def test_lossless_method_equals_ar_in_fp32_with_rejected_drafts(arch, name, fold
     assert [s.new_tokens for s in states] == ar_tokens(arch)
     random_prompt = states[1].stats
     assert random_prompt.num_draft_tokens > random_prompt.num_accepted_tokens  # drafts were rejected
-    if name in ACCEPTING:
-        assert states[0].stats.num_accepted_tokens > 0
+    if name in ACCEPTING:  # over a longer answer: PTD on Qwen2 accepts its first draft only at token 24, where
+        # the limit cuts the step (a cut step counts only what it committed, docs/metrics.md)
+        longer = generate(method, target, prompts()[0], max_new_tokens=2 * NEW_TOKENS)
+        assert longer.stats.num_accepted_tokens > 0 and longer.new_tokens[:NEW_TOKENS] == ar_tokens(arch)[0]
 
 
 @pytest.mark.parametrize("name", ["via_sd", "via_sd_eagle3", "spec_cascade"])
