@@ -86,10 +86,11 @@ def summary_row(s: dict, run_dir: Path) -> dict:
     metric = s.get("quality_metric")
     reference = run_dir / "reference.json"
     in_comparison = (run_dir.parent / "comparison.json").exists()  # named by its `methods` entry (ptd_tuned)
+    config = read_run_config(run_dir)
     return {
         "model": s["model"], "task": s["task"], "temperature": float(s["temperature"]),
         "method": run_dir.name if in_comparison else s["method"],
-        "settings": method_settings(run_dir, s["method"]), "_run": run_fields(run_dir, s["method"], s.get("dtype")),
+        "settings": method_settings(config, s["method"]), "_run": run_fields(config, s["method"], s.get("dtype")),
         "num_prompts": s["num_prompts"],
         "speedup": s.get("speedup"), "speedup_std": s.get("speedup_std"), "repeats": s.get("repeats"),
         "tau": s.get("tau"), "decoding_efficiency": s.get("decoding_efficiency"),
@@ -116,17 +117,26 @@ def label_of(row: dict) -> str:
     return row["method"] + (f" ({row['settings']})" if row["settings"] and not row.get("_entry") else "")
 
 
-def method_settings(run_dir: Path, method: str) -> str:
-    """The method's hyperparameters that differ from its config defaults (from run_config.yaml),
-    so that sweeps over a method's settings give distinguishable rows."""
+def read_run_config(run_dir: Path) -> dict | None:
+    """The run's run_config.yaml as a dict (None where the run has none)."""
     config_path = run_dir / "run_config.yaml"
     if not config_path.exists():
+        return None
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(OmegaConf.load(config_path))
+
+
+def method_settings(config: dict | None, method: str) -> str:
+    """The method's hyperparameters that differ from its config defaults (from the run's config), so
+    that sweeps over a method's settings give distinguishable rows."""
+    if config is None:
         return ""
     from omegaconf import OmegaConf
 
     from decoding import method_configs
 
-    used = OmegaConf.to_container(OmegaConf.load(config_path)).get("method", {})
+    used = config.get("method", {})
     config_cls = method_configs().get(method)
     defaults = OmegaConf.to_container(OmegaConf.structured(config_cls)) if config_cls else {}
     changed = {k: v for k, v in used.items() if k not in ("_target_", "name") and defaults.get(k, object()) != v}
@@ -135,16 +145,11 @@ def method_settings(run_dir: Path, method: str) -> str:
     return " ".join(f"{k}={v}" for k, v in sorted(changed.items()))
 
 
-def run_fields(run_dir: Path, method: str, dtype: str | None) -> dict:
-    """The run's settings outside `method` that change its numbers, by dotted name (from run_config.yaml):
+def run_fields(config: dict | None, method: str, dtype: str | None) -> dict:
+    """The run's settings outside `method` that change its numbers, by dotted name (from its config):
     the drafter (for methods that use one), the dtype the run used, the token limit, the prompts, seed and
     repeats. Runs that differ in any are different rows, even where their method settings agree."""
-    config_path = run_dir / "run_config.yaml"
-    used = {}
-    if config_path.exists():
-        from omegaconf import OmegaConf
-
-        used = OmegaConf.to_container(OmegaConf.load(config_path))
+    used = config or {}
     # None is a value (task.limit=null: every prompt); only a setting a run did not record (an older
     # run_config.yaml, an older summary's dtype) is left out, and then matches any (same_run_settings)
     fields = {"dtype": dtype} if dtype is not None else {}

@@ -46,15 +46,20 @@ def default_aux_layer_ids(num_target_layers: int) -> list[int]:
     return [1, num_target_layers // 2 - 1, num_target_layers - 4]
 
 
+def taps_in_range(taps, num_layers: int) -> bool:
+    """Taps must be outputs of layers 0..L-2: the last layer's output is read after the final norm by HF's
+    `hidden_states` (training) but before it by the engine (decoding), so a drafter tapping it would decode
+    on other features than it was trained on."""
+    return all(0 <= i <= num_layers - 2 for i in taps)
+
+
 def fitted_embeddings(drafter: "Eagle3Drafter", taps, target, who: str) -> nn.Module:
     """The table the drafter embeds tokens with (its own, else the target's), once the drafter is checked
-    to fit the target (`who` starts the error line). Taps must be outputs of layers 0..L-2: the last
-    layer's output is read after the final norm by HF's `hidden_states` (training) but before it by the
-    engine (decoding), so a drafter tapping it would decode on other features than it was trained on."""
+    to fit the target (`who` starts the error line)."""
     spec, cfg = drafter.spec, target.config
     layers = cfg.num_hidden_layers
     if spec.target_hidden_size != cfg.hidden_size or spec.vocab_size != cfg.vocab_size or len(taps) != 3 \
-            or not all(0 <= i <= layers - 2 for i in taps):
+            or not taps_in_range(taps, layers):
         raise ConfigError(f"{who} does not fit this target (hidden {spec.target_hidden_size} vs {cfg.hidden_size}, "
                           f"vocab {spec.vocab_size} vs {cfg.vocab_size}, layers {list(taps)}: three of "
                           f"0..{layers - 2})")

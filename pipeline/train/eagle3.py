@@ -34,7 +34,7 @@ import torch
 
 from decoding.drafting.dflash_drafter import resolve_location
 from decoding.drafting.eagle3_drafter import (Eagle3Drafter, Eagle3Spec, default_aux_layer_ids, load_eagle3,
-                                             save_eagle3, vocab_mapping)
+                                             save_eagle3, taps_in_range, vocab_mapping)
 from pipeline.errors import ConfigError
 from pipeline.train.config import TrainConfig
 from pipeline.train.exit_head import Readout
@@ -188,7 +188,7 @@ def train_eagle3(cfg: TrainConfig, run_config: dict, show_progress: bool = True)
     state_dir, out_dir, target, tokenizer = start_run(cfg)
     layers = target.config.num_hidden_layers
     layer_ids = list(d.eagle_layer_ids) or default_aux_layer_ids(layers)
-    if not all(0 <= i <= layers - 2 for i in layer_ids):  # as decoding's fitted_embeddings
+    if not taps_in_range(layer_ids, layers):
         raise ConfigError(f"drafter.eagle_layer_ids={layer_ids}: model {cfg.model.name} has {layers} layers: taps "
                           f"are outputs of layers 0..{layers - 2}")
 

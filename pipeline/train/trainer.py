@@ -114,13 +114,11 @@ def training_record(folder: Path) -> dict:
     return json.loads(record.read_text()) if record.is_file() else {}
 
 
-def domino_from_dflash(cfg: TrainConfig) -> DFlashDrafter:
-    """Same backbone weights, plus a fresh Domino head whose output layer starts at zero, so training
-    starts exactly from DFlash's drafts."""
+def domino_from_dflash(cfg: TrainConfig, backbone: Path) -> DFlashDrafter:
+    """Same backbone weights (`drafter.init_from`, resolved to `backbone`), plus a fresh Domino head whose
+    output layer starts at zero, so training starts exactly from DFlash's drafts."""
     d = cfg.drafter
-    if not d.init_from:
-        raise ConfigError("drafter=domino needs drafter.init_from=<trained DFlash checkpoint>")
-    base = load_drafter(d.init_from, dtype=torch.float32)
+    base = load_drafter(str(backbone), dtype=torch.float32)
     if base.spec.is_domino:
         raise ConfigError(f"drafter.init_from={d.init_from} is already a Domino checkpoint")
     spec = DrafterSpec(**{**base.spec.__dict__, "projector_type": "domino", "gru_hidden_dim": d.gru_hidden_dim,
@@ -335,19 +333,20 @@ def train(cfg: TrainConfig, run_config: dict, show_progress: bool = True) -> dic
     state_dir, out_dir, target, tokenizer = start_run(cfg)
     embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
 
-    prior, init_folder = {}, None  # a continued DFlash leg: the checkpoint's own training.json and folder
+    if d.kind == "domino" and not d.init_from:
+        raise ConfigError("drafter=domino needs drafter.init_from=<trained DFlash checkpoint>")
+    prior = {}  # a continued DFlash leg: the checkpoint's own training.json
+    init_folder = resolve_location(d.init_from) if d.init_from else None  # once: a hub id is one download
     continued = d.kind == "dflash" and bool(d.init_from)
     if d.kind == "domino":
-        model = domino_from_dflash(cfg)
+        model = domino_from_dflash(cfg, init_folder)
     elif continued:
-        init_folder = resolve_location(d.init_from)  # once: a hub id is one download
         model, prior = continued_dflash(d.init_from, init_folder, cfg, target.config)
     else:
         model = new_drafter(cfg, target.config)
     prior_steps = int(prior.get("steps", 0))
     # Domino's init_from is its backbone, not a leg to continue; its state dir is still that backbone's alone
-    backbone = init_folder or (resolve_location(d.init_from) if d.init_from else None)
-    check_leg(state_dir, out_dir, d.init_from, backbone, prior_steps)
+    check_leg(state_dir, out_dir, d.init_from, init_folder, prior_steps)
     layers = list(model.spec.target_layer_ids)  # a checkpoint's own taps (Domino's backbone, a continued leg)
     samples = training_samples(cfg, target, tokenizer, layers)
     taps = lambda sample: with_taps(sample, target, layers, d.max_train_len)  # noqa: E731 - the corpus: recomputed

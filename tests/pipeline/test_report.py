@@ -120,10 +120,10 @@ def test_a_sampled_chain_saved_before_verify_existed_is_labelled_rejection(tmp_p
     for folder, verify in ((old, ""), (new, "  verify: exact\n")):
         folder.mkdir()
         (folder / "run_config.yaml").write_text("method:\n  name: domino\n  sample_draft: true\n" + verify)
-    assert report.method_settings(old, "domino") == "verify=rejection"
-    assert report.method_settings(new, "domino") == ""
+    assert report.method_settings(report.read_run_config(old), "domino") == "verify=rejection"
+    assert report.method_settings(report.read_run_config(new), "domino") == ""
     (old / "run_config.yaml").write_text("method:\n  name: dflash\n")  # a greedy DFlash chain: nothing to label
-    assert report.method_settings(old, "dflash") == ""
+    assert report.method_settings(report.read_run_config(old), "dflash") == ""
 
 
 def test_runs_that_differ_outside_the_method_are_separate_rows_told_apart(tiny_model_dirs, tmp_path):
@@ -202,8 +202,8 @@ def test_the_report_keeps_a_full_run_apart_from_a_limited_one(tmp_path):
     for name, limit in (("full", "null"), ("five", "5")):
         (tmp_path / name).mkdir()
         (tmp_path / name / "run_config.yaml").write_text(f"task:\n  limit: {limit}\nmax_new_tokens: 8\n")
-    full, five = report.run_fields(tmp_path / "full", "ar", None), report.run_fields(tmp_path / "five", "ar", None)
+    full, five = (report.run_fields(report.read_run_config(tmp_path / name), "ar", None) for name in ("full", "five"))
     assert full["task.limit"] == "null" and not report.same_run_settings(full, five)
     (tmp_path / "old").mkdir()
     (tmp_path / "old" / "run_config.yaml").write_text("max_new_tokens: 8\n")  # a run that recorded no limit
-    assert report.same_run_settings(report.run_fields(tmp_path / "old", "ar", None), five)
+    assert report.same_run_settings(report.run_fields(report.read_run_config(tmp_path / "old"), "ar", None), five)
