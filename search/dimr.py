@@ -74,6 +74,9 @@ class DIMRObjectiveConfig:
     drafter_head: Optional[str] = None  # objective=between: p's trained exit head (conf/drafter/exit_head.yaml's head)
     calibration_prompts: int = 4  # GSM8K questions outside the evaluation subset
     calibration_tokens: int = 48  # the target's greedy continuation of each, teacher-forced
+    # the continuation ends at the model's end-of-turn token, as decoding does (false: always calibration_tokens,
+    # how studies before 2026-12-05 calibrated; set it to resume one)
+    calibration_stop_at_eos: bool = True
     # decode: q_z as VIA-SD's slim verifier runs it, blocks of `calibration_block` rows through the kept layers
     # over the full model's cached prefix, on the answers' positions | prefill: the slim model over whole
     # sequences from an empty cache (every position's KV through the kept layers), as `drafter=slim` runs it
@@ -118,9 +121,11 @@ class Context:
 
 
 def calibration_sequences(target, tokenizer, num_prompts: int, new_tokens: int, eval_limit: int = 100,
-                          subset_seed: int = 0, template_kwargs=None) -> tuple[list[list[int]], list[str], list[int]]:
+                          subset_seed: int = 0, template_kwargs=None,
+                          stop_ids: frozenset[int] = frozenset()) -> tuple[list[list[int]], list[str], list[int]]:
     """The target's greedy answers to GSM8K questions outside the evaluation subset: (prompt + answer
-    sequences, example ids, prompt lengths)."""
+    sequences, example ids, prompt lengths). An answer ends at a token of `stop_ids` (kept, as decoding
+    commits it) or after `new_tokens`."""
     from decoding.methods.ar import AR
     from decoding.engine.loop import generate
     from pipeline.tasks import TaskConfig, build_chat, load_examples
@@ -132,7 +137,7 @@ def calibration_sequences(target, tokenizer, num_prompts: int, new_tokens: int, 
     seqs, prompt_lengths = [], []
     for ex in pool:
         prompt = build_chat(tokenizer, TaskConfig(name="gsm8k"), [(ex.turns[0], None)], template_kwargs)
-        out = generate(AR(), target, prompt, max_new_tokens=new_tokens).new_tokens
+        out = generate(AR(), target, prompt, max_new_tokens=new_tokens, stop_ids=stop_ids).new_tokens
         seqs.append(prompt + out)
         prompt_lengths.append(len(prompt))
     return seqs, [ex.id for ex in pool], prompt_lengths
@@ -270,7 +275,7 @@ def prepare(cfg) -> Context:
     import time
 
     from decoding.engine.target import TargetModel
-    from pipeline.models import load_model, target_model
+    from pipeline.models import load_model, stop_token_ids, target_model
 
     obj = cfg.objective
     model, tokenizer = load_model(cfg.model)
@@ -306,7 +311,9 @@ def prepare(cfg) -> Context:
     t0 = time.perf_counter()
     seqs, ids, prompt_lengths = calibration_sequences(target, tokenizer, obj.calibration_prompts,
                                                       obj.calibration_tokens, obj.eval_limit, obj.eval_subset_seed,
-                                                      cfg.model.chat_template_kwargs)
+                                                      cfg.model.chat_template_kwargs,
+                                                      frozenset(stop_token_ids(model, tokenizer))
+                                                      if obj.calibration_stop_at_eos else frozenset())
     decode = obj.calibration == "decode"
     cost = MaskCost(target, seqs, drafter, block=obj.calibration_block if decode else None,
                     starts=[n - 1 for n in prompt_lengths] if decode else None)
@@ -322,6 +329,8 @@ def settings(cfg: DIMRObjectiveConfig) -> dict:
 
     out = {k: getattr(cfg, k) for k in ("encoding", "objective", "calibration_prompts", "calibration_tokens",
                                         "eval_limit", "eval_subset_seed")}
+    if cfg.calibration_stop_at_eos:  # false adds no key: the calibration of studies from before the option
+        out["calibration_stop_at_eos"] = True
     if cfg.calibration == "decode":  # prefill adds no key: a study from before the option resumes with it
         out |= {"calibration": cfg.calibration, "calibration_block": cfg.calibration_block}
     out |= {"skip": cfg.skip} if cfg.encoding == "topk" else {"min_skip": cfg.min_skip, "max_skip": cfg.max_skip}

@@ -258,3 +258,25 @@ def test_study_settings_keep_only_what_the_cost_depends_on(tmp_path, monkeypatch
     relative = settings(DIMRObjectiveConfig(objective="between", drafter_head="head"))
     assert relative == settings(DIMRObjectiveConfig(objective="between", drafter_head=str(tmp_path / "head")))
     assert relative != settings(DIMRObjectiveConfig(objective="between", drafter_exit_layer=5, drafter_head="head"))
+
+
+def test_calibration_answers_end_at_the_stop_token_as_decoding_does(six_layer_dir):
+    """Before 2026-12-05 the calibration continued past the end-of-turn token, over text decoding never
+    produces; `calibration_stop_at_eos=false` keeps that calibration (old studies resume with it), and the
+    option is part of the study settings."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from decoding.engine.target import TargetModel
+    from search.dimr import DIMRObjectiveConfig, calibration_sequences, settings
+
+    model = AutoModelForCausalLM.from_pretrained(six_layer_dir, dtype=torch.float32).eval()
+    target, tokenizer = TargetModel(model), AutoTokenizer.from_pretrained(six_layer_dir)
+    free, _, lengths = calibration_sequences(target, tokenizer, 2, 12)
+    answer = free[0][lengths[0]:]
+    assert len(answer) == 12
+    stop = answer[5]
+    end = answer.index(stop) + 1  # the first occurrence ends the answer, stop token included
+    stopped, _, _ = calibration_sequences(target, tokenizer, 2, 12, stop_ids=frozenset({stop}))
+    assert stopped[0] == free[0][:lengths[0] + end]
+    assert settings(DIMRObjectiveConfig())["calibration_stop_at_eos"] is True
+    assert "calibration_stop_at_eos" not in settings(DIMRObjectiveConfig(calibration_stop_at_eos=False))
