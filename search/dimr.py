@@ -267,6 +267,11 @@ def suggest_mask(trial, cfg: DIMRObjectiveConfig, num_layers: int) -> tuple[int,
     return tuple(i for i in inner if trial.suggest_categorical(f"z{i}", [False, True]))
 
 
+def deterministic(cfg: DIMRObjectiveConfig) -> bool:
+    """A mask's KL is teacher-forced on fixed sequences: the same every time it is scored."""
+    return True
+
+
 def directions(cfg: DIMRObjectiveConfig) -> list[str]:
     return ["minimize", "maximize"] if cfg.objective == "pareto" else ["minimize"]
 

@@ -91,6 +91,12 @@ class Context:
     cost_curve: dict[int, float]  # rows -> ms of one forward
 
 
+def deterministic(cfg: PTDObjectiveConfig) -> bool:
+    """τ (seeded at T > 0) and τ per cost (its cost curve is measured once, in `prepare`) repeat exactly;
+    a measured speedup does not."""
+    return cfg.metric != "speedup"
+
+
 def directions(cfg: PTDObjectiveConfig) -> list[str]:
     return ["maximize"]
 

@@ -32,6 +32,7 @@ import importlib
 import json
 import logging
 import math
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -111,14 +112,18 @@ def suggest(trial, params: dict) -> dict:
     return values
 
 
-def make_sampler(name: str, seed: int):
+def make_sampler(name: str, seed: int, deterministic: bool = False):
+    """`deterministic`: the objective gives a configuration the same value every time (GP then fits no
+    noise term to it)."""
     import optuna
 
     if name == "tpe":
         return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True)
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
-    return optuna.samplers.GPSampler(seed=seed)
+    with warnings.catch_warnings():  # deterministic_objective is marked experimental in Optuna 4-5
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.samplers.GPSampler(seed=seed, deterministic_objective=deterministic)
 
 
 def make_storage(cfg: StudyConfig):
@@ -164,11 +169,14 @@ def study_settings(cfg: StudyConfig) -> dict:
 def open_study(cfg: StudyConfig, directions: list[str]):
     import optuna
 
+    module = objective_module(cfg.objective.name)
+    deterministic = bool(getattr(module, "deterministic", lambda _: False)(cfg.objective))
     study = optuna.create_study(study_name=cfg.study_name, storage=make_storage(cfg), load_if_exists=True,
-                                directions=directions, sampler=make_sampler(cfg.sampler, cfg.seed + cfg.worker))
+                                directions=directions,
+                                sampler=make_sampler(cfg.sampler, cfg.seed + cfg.worker, deterministic))
     own = [t for t in study.trials if t.user_attrs.get("worker") == cfg.worker]
     if own:  # this worker resumes: seeded as at its start, its sampler would propose its first trials again
-        study.sampler = make_sampler(cfg.sampler, cfg.seed + cfg.worker + 7919 * len(own))
+        study.sampler = make_sampler(cfg.sampler, cfg.seed + cfg.worker + 7919 * len(own), deterministic)
     if list(study.directions) != [optuna.study.StudyDirection[d.upper()] for d in directions]:
         raise ConfigError(f"study {cfg.study_name!r} exists with other directions; choose another study_name")
     # a resumed study must score trials the same way, or its best trial would mix two costs

@@ -86,6 +86,18 @@ def test_suggest_reads_int_float_and_categorical_specs():
     assert 1 <= values["a"] <= 3 and 0.1 <= values["b"] <= 1 and values["c"] in ("x", "y")
 
 
+def test_the_gp_sampler_fits_no_noise_to_objectives_that_repeat_exactly():
+    from search import dimr, ptd
+    from search.study import make_sampler
+
+    assert dimr.deterministic(dimr.DIMRObjectiveConfig())
+    assert ptd.deterministic(ptd.PTDObjectiveConfig(metric="tau"))
+    assert ptd.deterministic(ptd.PTDObjectiveConfig(metric="tau_per_cost"))
+    assert not ptd.deterministic(ptd.PTDObjectiveConfig(metric="speedup"))  # a timed ratio
+    assert make_sampler("gp", 0, deterministic=True)._deterministic
+    assert not make_sampler("gp", 0)._deterministic
+
+
 @pytest.mark.parametrize("override, expected", [
     ("sampler=cmaes", "sampler='cmaes' is not allowed; choose one of: tpe, random, gp"),
     ("objective.metric=bleu", "objective.metric='bleu' is not allowed; choose one of: speedup, tau_per_cost, tau"),
