@@ -142,6 +142,23 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return x * cos + rotated * sin
 
 
+def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                      expand: bool | None = None) -> torch.Tensor:
+    """SDPA of q [1, heads, n, d] over k, v [1, kv_heads, m, d] (grouped-query when kv_heads < heads).
+    SDPA groups the heads itself (no copy of the K/V), except with a mask on CUDA, where its grouped
+    path has only the math kernel (transformers' `use_gqa_in_sdpa` draws the same line): there the K/V
+    heads are repeated first, for the fused masked kernels. `expand` forces either path (tests)."""
+    groups = q.shape[-3] // k.shape[-3]
+    if groups == 1:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    if expand is None:
+        expand = mask is not None and q.device.type == "cuda"
+    if expand:
+        k, v = k.repeat_interleave(groups, dim=-3), v.repeat_interleave(groups, dim=-3)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+
+
 class Attention(nn.Module):
     """Q from the block; K/V from [context; block] with shared projections (KV injection)."""
 
@@ -167,9 +184,7 @@ class Attention(nn.Module):
         q = rotate(q, cos, sin)
         k_blk, v_blk = self.project_kv(x, cos, sin)
         k, v = torch.cat([ctx_k, k_blk], dim=1), torch.cat([ctx_v, v_blk], dim=1)
-        # non-causal; grouped-query attention without copying the context's K/V heads/kv_heads times
-        out = F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask,
-                                             enable_gqa=self.heads != self.kv_heads)
+        out = grouped_attention(q[None], k[None], v[None], mask)  # non-causal
         return self.o_proj(out[0].transpose(0, 1).reshape(len(x), -1))
 
 

@@ -34,10 +34,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from decoding.drafting.dflash_drafter import MLP, RMSNorm, cast_weights, resolve_location, rotate  # the same SwiGLU and norms
+from decoding.drafting.dflash_drafter import (MLP, RMSNorm, cast_weights, grouped_attention,  # the same SwiGLU and norms
+                                              resolve_location, rotate)
 from pipeline.errors import ConfigError
 
 
@@ -163,9 +163,7 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(n, self.kv_heads, self.head_dim).transpose(0, 1)
         keys, values = torch.cat([past_k, k], dim=1), torch.cat([past_v, v], dim=1)
         attn_mask = None if mask is None else mask[None, None]
-        # grouped-query attention without copying every cached K/V row heads/kv_heads times
-        out = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=attn_mask,
-                                             enable_gqa=self.heads != self.kv_heads)
+        out = grouped_attention(q[None], keys[None], values[None], attn_mask)
         return self.o_proj(out[0].transpose(0, 1).reshape(n, -1)), keys, values
 
 

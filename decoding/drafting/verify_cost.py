@@ -219,7 +219,13 @@ def cached_cost_model(key: str, build) -> VerifyCostModel:
 
 
 def machine_key(target, drafter_location: str) -> str:
-    device = torch.cuda.get_device_name(0) if torch.device(target.device).type == "cuda" else "cpu"
+    """What a measured cost curve depends on: model, drafter, device, threads, dtype, attention kernel and
+    whether the forwards replay CUDA graphs (a graphed curve lacks the launches that flatten an eager one)."""
+    device = torch.device(target.device)
+    device = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     name = Path(str(getattr(target.config, "_name_or_path", "model"))).name
     params = sum(p.numel() for p in target.model.parameters())
-    return f"{name}-{params}-{Path(drafter_location).name}-{device}-t{torch.get_num_threads()}-{target.dtype}"
+    attn = getattr(target.config, "_attn_implementation", None) or "default"
+    graphs = "-graphs" if getattr(target, "graphs", None) is not None else ""
+    return (f"{name}-{params}-{Path(drafter_location).name}-{device}-t{torch.get_num_threads()}-{target.dtype}"
+            f"-{attn}{graphs}")

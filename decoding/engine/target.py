@@ -132,11 +132,14 @@ class TargetModel:
         """A new, empty cache; `rows_expected` (the prompt plus the tokens to generate) sizes its KV buffer,
         which otherwise grows by half when full (a copy, during which old and new buffers coexist)."""
         if self.graphs is not None:  # one buffer for every prompt: the graphs read its tensors
-            if self._static_buffer is None or self._static_buffer.capacity < rows_expected + static_forward.MAX_ROWS:
+            need, buffer = static_forward.capacity_for(rows_expected), self._static_buffer
+            # every replay attends over the whole buffer: one left at twice the size this prompt needs (after a
+            # long prompt, or CaDDTree's cost profile up to 8192 rows of context) is rebuilt to size, graphs anew
+            if buffer is None or buffer.capacity < rows_expected + static_forward.MAX_ROWS or buffer.capacity >= 2 * need:
                 self.graphs.forget()  # they hold the old buffer's tensors
                 self._graphed_generation = None
                 slots = len([i for i in self.layers if i in self._full_layers])
-                self._static_buffer = KVBuffer(slots, static_forward.capacity_for(rows_expected), zeroed=True)
+                self._static_buffer = KVBuffer(slots, need, zeroed=True)
             self.cache, self._buffered = buffered_cache(self.config, self.layers, self._full_layers,
                                                         self._layer_devices, reuse=self._static_buffer)
         elif self.kv_buffer:
@@ -150,9 +153,11 @@ class TargetModel:
 
     @property
     def output_device(self) -> torch.device:
-        """Where logits come out (the lm_head's device; with a device_map it may differ from `device`)."""
-        head = self.model.get_output_embeddings()
-        return head.weight.device if head is not None else self.device
+        """Where every forward's logits and taps come out: the input device. Under a device_map split over
+        GPUs, accelerate's hook on the whole model returns its outputs there (the lm_head may sit on the
+        last GPU); the paths that call the head or the layers themselves move theirs to it, so the sampler,
+        the acceptance and the drafters see one device whichever path ran."""
+        return self.device
 
     @property
     def cache_len(self) -> int:
@@ -347,8 +352,8 @@ class TargetModel:
         h = out.last_hidden_state[0]
         if last_row is not None:
             h = h.index_select(0, last_row)
-        logits = soft_cap(self.model.lm_head(h), self._logit_softcap).float()
-        return (logits, *(out.hidden_states[i + 1][0] for i in taps))
+        logits = soft_cap(self.model.lm_head(h), self._logit_softcap).to(self.device).float()
+        return (logits, *(out.hidden_states[i + 1][0].to(self.device) for i in taps))
 
     def forward_tree(self, tree: TokenTree, hidden_layers: tuple[int, ...] = ()) -> ForwardOutput:
         return self.forward(tree.tokens, tree.depths, None if tree.is_chain else tree.ancestor_array(), hidden_layers)
@@ -404,9 +409,10 @@ class TargetModel:
             h = stack.layers[i](h, attention_mask=layer_mask, position_ids=pos, use_cache=True,
                                 position_embeddings=rope[types[i]], **{self._layer_cache_kw: self.cache})
             if i in hidden_layers:
-                hidden[i] = h[0]
+                hidden[i] = h[0].to(self.device)  # a layer's device under a device_map
         if last_only:
             h = h[:, -1:]
         if self.exit_head is not None:
             h = self.exit_head(h)
-        return ForwardOutput(soft_cap(head(stack.norm(h)), self._logit_softcap)[0].float(), hidden)
+        logits = soft_cap(head(stack.norm(h)), self._logit_softcap)[0].to(self.device)  # the head's device under a device_map
+        return ForwardOutput(logits.float(), hidden)

@@ -113,6 +113,7 @@ class BlockDraftMethod(Method):
         return DraftPass(rows, self.head_logits(rows))
 
     def head_logits(self, rows: torch.Tensor) -> torch.Tensor:
-        """The target's lm_head over the drafted rows: the last layer of the drafting pass."""
-        return self.lm_head(rows).float()
+        """The target's lm_head over the drafted rows: the last layer of the drafting pass (on the drafter's
+        device: under a device_map the head may sit on another GPU)."""
+        return self.lm_head(rows).to(rows.device).float()
 

@@ -184,3 +184,22 @@ def test_the_drafters_rmsnorm_rounds_as_hf_qwen3_in_bf16():
         theirs.weight.copy_(weight)
         assert torch.equal(ours(x), theirs(x))
         assert ours(x.float()).dtype == torch.float32
+
+
+@pytest.mark.parametrize("mask_kind", ["none", "bool", "float"])
+def test_grouped_attention_repeating_the_kv_heads_equals_sdpa_grouping_them(mask_kind):
+    """The drafters' attention repeats the K/V heads where SDPA's grouped path would fall back to its math
+    kernel (a mask on CUDA); both paths compute the same attention."""
+    from decoding.drafting.dflash_drafter import grouped_attention
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, h, n, 8, generator=g) for h, n in ((6, 5), (2, 9), (2, 9)))
+    mask = {"none": None, "bool": torch.rand(5, 9, generator=g) > 0.3,
+            "float": torch.randn(5, 9, generator=g)}[mask_kind]
+    if mask is not None and mask.dtype == torch.bool:
+        mask[:, 0] = True  # every query sees a key
+    grouped, expanded = grouped_attention(q, k, v, mask, expand=False), grouped_attention(q, k, v, mask, expand=True)
+    torch.testing.assert_close(expanded, grouped)
+    # query head h reads K/V head h // 3, as SDPA's enable_gqa does
+    reference = torch.nn.functional.scaled_dot_product_attention(q[:, 4:5], k[:, 1:2], v[:, 1:2], attn_mask=mask)
+    torch.testing.assert_close(grouped[:, 4:5], reference)

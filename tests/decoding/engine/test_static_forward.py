@@ -112,6 +112,10 @@ def test_graphs_are_captured_once_across_prompts_and_dropped_when_the_buffer_is_
     generate(AR(), graphed, long_prompt, max_new_tokens=4)
     assert graphed._static_buffer.keys is not keys and graphed.graphs.captures == 3
     assert list(graphed.graphs.graphs) == ["target:1"]  # the taps' graph, which read the old buffer, is gone
+    assert graphed._static_buffer.capacity == 4096
+    for _ in range(2):  # a short prompt after it: a buffer of its size (every replay reads the whole buffer), once
+        assert generate(AR(), graphed, prompts()[0], max_new_tokens=NEW_TOKENS).new_tokens == ar_tokens()[0]
+    assert graphed._static_buffer.capacity == 2048 and graphed.graphs.captures == 4
 
 
 def test_a_buffer_grown_mid_answer_drops_the_graphs_and_decodes_on(monkeypatch):

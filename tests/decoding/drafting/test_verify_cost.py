@@ -1,0 +1,19 @@
+"""The key a measured verify-cost curve is cached under (CaDDTree, DominoTree's cond_adaptive budget)."""
+
+
+def test_a_cost_curve_is_not_reused_across_graphs_or_attention_kernels(tiny_llama):
+    """An eager curve on a GPU is flat where the host's launches set the pace; a CUDA-graph one is not: before
+    2026-12-05 both modes shared one cached curve, and the stop rule of the second sized its trees by the first."""
+    from decoding.drafting.verify_cost import machine_key
+
+    eager = machine_key(tiny_llama, "drafters/x/dflash")
+    assert eager.endswith(f"-{tiny_llama.config._attn_implementation}") and "cpu" in eager
+    assert machine_key(tiny_llama, "drafters/x/dflash") == eager  # stable: the cache is found again
+    tiny_llama.graphs = object()  # what a target with model.cuda_graph=true holds
+    assert machine_key(tiny_llama, "drafters/x/dflash") == eager + "-graphs"
+    tiny_llama.graphs = None
+    keys = {}
+    for attn in ("eager", "sdpa"):
+        tiny_llama.config._attn_implementation = attn
+        keys[attn] = machine_key(tiny_llama, "drafters/x/dflash")
+    assert keys["eager"].endswith("-eager") and keys["sdpa"].endswith("-sdpa")
