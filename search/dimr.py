@@ -124,8 +124,9 @@ def calibration_sequences(target, tokenizer, num_prompts: int, new_tokens: int, 
                           subset_seed: int = 0, template_kwargs=None,
                           stop_ids: frozenset[int] = frozenset()) -> tuple[list[list[int]], list[str], list[int]]:
     """The target's greedy answers to GSM8K questions outside the evaluation subset: (prompt + answer
-    sequences, example ids, prompt lengths). An answer ends at a token of `stop_ids` (kept, as decoding
-    commits it) or after `new_tokens`."""
+    sequences, example ids, prompt lengths). An answer ends before a token of `stop_ids` or after
+    `new_tokens`: the row of the answer's last token predicts the stop token, and a stop token's own row
+    would predict past the end of the turn, a context decoding never reaches."""
     from decoding.methods.ar import AR
     from decoding.engine.loop import generate
     from pipeline.tasks import TaskConfig, build_chat, load_examples
@@ -138,6 +139,8 @@ def calibration_sequences(target, tokenizer, num_prompts: int, new_tokens: int, 
     for ex in pool:
         prompt = build_chat(tokenizer, TaskConfig(name="gsm8k"), [(ex.turns[0], None)], template_kwargs)
         out = generate(AR(), target, prompt, max_new_tokens=new_tokens, stop_ids=stop_ids).new_tokens
+        if out and out[-1] in stop_ids:
+            out = out[:-1]
         seqs.append(prompt + out)
         prompt_lengths.append(len(prompt))
     return seqs, [ex.id for ex in pool], prompt_lengths

@@ -92,9 +92,9 @@ class Context:
 
 
 def deterministic(cfg: PTDObjectiveConfig) -> bool:
-    """τ (seeded at T > 0) and τ per cost (its cost curve is measured once, in `prepare`) repeat exactly;
-    a measured speedup does not."""
-    return cfg.metric != "speedup"
+    """τ repeats exactly (seeded at T > 0). A measured speedup does not, nor does τ per cost across workers:
+    each worker (and each resume) measures its own cost curve in `prepare`."""
+    return cfg.metric == "tau"
 
 
 def directions(cfg: PTDObjectiveConfig) -> list[str]:

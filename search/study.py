@@ -189,8 +189,10 @@ def open_study(cfg: StudyConfig, directions: list[str]):
                      if not (k in MODEL_SETTINGS_SINCE_2026_12_05 and k not in saved)
                      and settings.get(k, missing) != saved.get(k, missing))
     if changed:
+        hint = ("; a DIMR study from before 2026-12-05 resumes with objective.calibration_stop_at_eos=false"
+                if changed == ["objective.calibration_stop_at_eos"] else "")
         raise ConfigError(f"study {cfg.study_name!r} exists with other settings ({', '.join(changed)}); "
-                          "choose another study_name (or objective.metric) or remove its storage")
+                          f"choose another study_name (or objective.metric) or remove its storage{hint}")
     if saved != settings:  # saved before the model's settings were recorded: they are from now on
         study.set_user_attr("settings", settings)
     return study

@@ -243,7 +243,7 @@ def generate(
     out = target.prefill(prompt_ids[:-1], method.prefill_hidden_layers(), len(prompt_ids) + max_new_tokens)
     method.on_prefill(state, out)
     method.begin(state)
-    synchronize(target.output_device)  # the prefill's kernels may still be queued on a GPU (its last device under a device_map)
+    synchronize(target.output_device)  # a GPU may still run the prefill (a device_map copies its output here, after it)
     state.stats.prefill_s = time.perf_counter() - t0
     state.done = max_new_tokens <= 0
     while not state.done:

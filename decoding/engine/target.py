@@ -133,9 +133,10 @@ class TargetModel:
         which otherwise grows by half when full (a copy, during which old and new buffers coexist)."""
         if self.graphs is not None:  # one buffer for every prompt: the graphs read its tensors
             need, buffer = static_forward.capacity_for(rows_expected), self._static_buffer
-            # every replay attends over the whole buffer: one left at twice the size this prompt needs (after a
-            # long prompt, or CaDDTree's cost profile up to 8192 rows of context) is rebuilt to size, graphs anew
-            if buffer is None or buffer.capacity < rows_expected + static_forward.MAX_ROWS or buffer.capacity >= 2 * need:
+            # every replay attends over the whole buffer: one left at 4x the size this prompt needs (after a long
+            # prompt, or CaDDTree's cost profile up to 8192 rows of context) is rebuilt to size, graphs anew (4x, not
+            # 2x: prompts of mixed lengths, e.g. 2048- and 4096-row buffers in turn, must not recapture every time)
+            if buffer is None or buffer.capacity < rows_expected + static_forward.MAX_ROWS or buffer.capacity >= 4 * need:
                 self.graphs.forget()  # they hold the old buffer's tensors
                 self._graphed_generation = None
                 slots = len([i for i in self.layers if i in self._full_layers])

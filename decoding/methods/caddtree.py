@@ -81,7 +81,7 @@ def machine_cost_model(method: BlockDraftMethod, target: TargetModel, cfg) -> "V
     committed = torch.zeros(STEADY_STATE_NEW_ROWS, width, device=target.device, dtype=target.dtype)
 
     def draft_once():
-        method.lm_head(method.drafter.draft(cache, committed, block, cache.length + len(committed)))
+        method.head_logits(method.drafter.draft(cache, committed, block, cache.length + len(committed)))
 
     contexts = profiled_contexts(cfg, target.device)
     grid = json.dumps([list(cfg.profile_node_counts), contexts, cfg.profile_repeats])

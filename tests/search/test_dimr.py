@@ -275,8 +275,19 @@ def test_calibration_answers_end_at_the_stop_token_as_decoding_does(six_layer_di
     answer = free[0][lengths[0]:]
     assert len(answer) == 12
     stop = answer[5]
-    end = answer.index(stop) + 1  # the first occurrence ends the answer, stop token included
+    end = answer.index(stop)  # the first occurrence ends the answer; its own row would predict past the turn
     stopped, _, _ = calibration_sequences(target, tokenizer, 2, 12, stop_ids=frozenset({stop}))
     assert stopped[0] == free[0][:lengths[0] + end]
     assert settings(DIMRObjectiveConfig())["calibration_stop_at_eos"] is True
     assert "calibration_stop_at_eos" not in settings(DIMRObjectiveConfig(calibration_stop_at_eos=False))
+
+
+def test_a_study_calibrated_past_the_stop_token_resumes_only_with_the_old_calibration(dimr_cfg):
+    """A study saved before `calibration_stop_at_eos` has no such key: resuming it with the new calibration
+    would mix two costs, so it is refused with the option that resumes it, which then does."""
+    old = run_study(dimr_cfg(2, "objective.calibration_stop_at_eos=false"))
+    assert old["finished_trials"] == 2
+    with pytest.raises(ConfigError, match=r"other settings \(objective.calibration_stop_at_eos\).*"
+                                          r"resumes with objective.calibration_stop_at_eos=false"):
+        run_study(dimr_cfg(3))
+    assert run_study(dimr_cfg(3, "objective.calibration_stop_at_eos=false"))["finished_trials"] == 3

@@ -113,7 +113,12 @@ def test_graphs_are_captured_once_across_prompts_and_dropped_when_the_buffer_is_
     assert graphed._static_buffer.keys is not keys and graphed.graphs.captures == 3
     assert list(graphed.graphs.graphs) == ["target:1"]  # the taps' graph, which read the old buffer, is gone
     assert graphed._static_buffer.capacity == 4096
-    for _ in range(2):  # a short prompt after it: a buffer of its size (every replay reads the whole buffer), once
+    # a short prompt after it keeps the buffer (2x what it needs: prompts of mixed lengths recapture nothing) ...
+    assert generate(AR(), graphed, prompts()[0], max_new_tokens=NEW_TOKENS).new_tokens == ar_tokens()[0]
+    assert graphed._static_buffer.capacity == 4096 and graphed.graphs.captures == 3
+    graphed.prefill(prompts()[0][:5], rows_expected=7000)  # ... but not one 4x its need (CaDDTree's profile
+    assert graphed._static_buffer.capacity == 9216 and not graphed.graphs.graphs  # reaches 8192 rows of context)
+    for _ in range(2):  # every replay reads the whole buffer: rebuilt to the prompt's size, once
         assert generate(AR(), graphed, prompts()[0], max_new_tokens=NEW_TOKENS).new_tokens == ar_tokens()[0]
     assert graphed._static_buffer.capacity == 2048 and graphed.graphs.captures == 4
 
