@@ -36,8 +36,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from decoding.drafting.dflash_drafter import (MLP, RMSNorm, cast_weights, grouped_attention,  # the same SwiGLU and norms
-                                              resolve_location, rotate)
+from decoding.drafting.dflash_drafter import (MLP, RMSNorm, cast_weights,  # the same SwiGLU and norms
+                                              grouped_attention, resolve_location, rotate)
 from pipeline.errors import ConfigError
 
 

@@ -136,7 +136,8 @@ class TargetModel:
             # every replay attends over the whole buffer: one left at 4x the size this prompt needs (after a long
             # prompt, or CaDDTree's cost profile up to 8192 rows of context) is rebuilt to size, graphs anew (4x, not
             # 2x: prompts of mixed lengths, e.g. 2048- and 4096-row buffers in turn, must not recapture every time)
-            if buffer is None or buffer.capacity < rows_expected + static_forward.MAX_ROWS or buffer.capacity >= 4 * need:
+            too_small = buffer is None or buffer.capacity < rows_expected + static_forward.MAX_ROWS
+            if too_small or buffer.capacity >= 4 * need:
                 self.graphs.forget()  # they hold the old buffer's tensors
                 self._graphed_generation = None
                 slots = len([i for i in self.layers if i in self._full_layers])
@@ -415,5 +416,5 @@ class TargetModel:
             h = h[:, -1:]
         if self.exit_head is not None:
             h = self.exit_head(h)
-        logits = soft_cap(head(stack.norm(h)), self._logit_softcap)[0].to(self.device)  # the head's device under a device_map
-        return ForwardOutput(logits.float(), hidden)
+        logits = soft_cap(head(stack.norm(h)), self._logit_softcap)[0]
+        return ForwardOutput(logits.to(self.device).float(), hidden)  # from the head's device under a device_map
