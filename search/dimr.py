@@ -270,6 +270,11 @@ def suggest_mask(trial, cfg: DIMRObjectiveConfig, num_layers: int) -> tuple[int,
     return tuple(i for i in inner if trial.suggest_categorical(f"z{i}", [False, True]))
 
 
+# search/study.py adds these to its refusal to resume a study that differs only in that setting
+RESUME_HINTS = {"objective.calibration_stop_at_eos":
+                "a DIMR study from before 2026-12-05 resumes with objective.calibration_stop_at_eos=false"}
+
+
 def deterministic(cfg: DIMRObjectiveConfig) -> bool:
     """A mask's KL is teacher-forced on fixed sequences: the same every time it is scored."""
     return True

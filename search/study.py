@@ -12,7 +12,11 @@ An objective is a module `search/<name>.py`, listed in OBJECTIVE_MODULES, that d
 - `export(trial, context, cfg) -> Path | None` (optional): write the best parameters where the pipeline
   loads them (e.g. conf/method/ptd_tuned.yaml for `python -m pipeline method=ptd_tuned`);
 - `settings(cfg) -> dict` (optional): the fields a trial's value depends on, which a resumed study
-  must match (default: every field but `export*`, `enqueue`, `known_masks`).
+  must match (default: every field but `export*`, `enqueue`, `known_masks`);
+- `deterministic(cfg) -> bool` (optional): the objective scores a parameter set the same every time (the
+  gp sampler then fits no noise term);
+- `RESUME_HINTS` (optional): {settings key: how a study that differs only there resumes}, added to the
+  refusal.
 `suggest(trial, params)` turns a `params` spec ({name: {type: int|float|categorical, low, high,
 log, step, choices}}) into trial suggestions.
 
@@ -189,8 +193,8 @@ def open_study(cfg: StudyConfig, directions: list[str]):
                      if not (k in MODEL_SETTINGS_SINCE_2026_12_05 and k not in saved)
                      and settings.get(k, missing) != saved.get(k, missing))
     if changed:
-        hint = ("; a DIMR study from before 2026-12-05 resumes with objective.calibration_stop_at_eos=false"
-                if changed == ["objective.calibration_stop_at_eos"] else "")
+        hints = getattr(module, "RESUME_HINTS", {})
+        hint = f"; {hints[changed[0]]}" if len(changed) == 1 and changed[0] in hints else ""
         raise ConfigError(f"study {cfg.study_name!r} exists with other settings ({', '.join(changed)}); "
                           f"choose another study_name (or objective.metric) or remove its storage{hint}")
     if saved != settings:  # saved before the model's settings were recorded: they are from now on
