@@ -1,0 +1,25 @@
+"""benchmarks/drafter_fit.py: the shipped EAGLE-3 drafter's metrics on held-out and training answers; the held-out
+row reproduces the validation its training.json records."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_drafter_fit_reproduces_the_recorded_validation():
+    proc = subprocess.run([sys.executable, "benchmarks/drafter_fit.py", "--train-answers", "2"], cwd=PROJECT_ROOT,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = {line.split()[0]: [float(x) for x in line.split()[1:]] for line in proc.stdout.splitlines()[-2:]}
+    assert set(rows) == {"validation", "training"}
+    recorded = json.loads((PROJECT_ROOT / "pipeline/assets/drafters/smollm2-135m/eagle3/training.json").read_text())
+    # the shipped weights are bf16, the recorded validation ran on the fp32 weights of the training run
+    assert rows["validation"][-1] == pytest.approx(recorded["val/accept_len_chain"], abs=0.02)
+    assert rows["validation"][0] == pytest.approx(recorded["val/top1_step0"], abs=0.01)
+    assert 1.0 <= rows["training"][-1] <= 8.0
