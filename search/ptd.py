@@ -7,8 +7,9 @@ Calibration prompts are examples of `task` (GSM8K by default) that are NOT in it
 - `speedup`: PTD tokens/s over AR tokens/s on the calibration prompts, AR re-measured in every
   trial right after PTD on each prompt (interleaved, so machine-load drift hits both alike);
 - `tau_per_cost`: new tokens per AR-forward-equivalent, i.e. sum over steps of the measured cost
-  of a forward with that step's rows relative to a one-row forward (the forward-cost curve is
-  measured once per worker). Wall-clock-free, so it ranks configurations stably on a busy machine;
+  of a forward with that step's rows relative to a one-row forward. The forward-cost curve is measured
+  once per study (by worker 0, stored in the study, `share`) and every worker and resume scores with it.
+  Wall-clock-free, so it ranks configurations stably on a busy machine;
 - `tau`: mean accepted length per step, blind to cost (how far the drafts can go at all).
 Every trial also records tau, rows per step, tokens/s and whether the greedy output equals AR.
 The best parameters are written to <export_dir>/method/<export_name>.yaml (default: the user's
@@ -92,9 +93,9 @@ class Context:
 
 
 def deterministic(cfg: PTDObjectiveConfig) -> bool:
-    """τ repeats exactly (seeded at T > 0). A measured speedup does not, nor does τ per cost across workers:
-    each worker (and each resume) measures its own cost curve in `prepare`."""
-    return cfg.metric == "tau"
+    """τ repeats exactly (seeded at T > 0), and so does τ per cost: every worker scores it with the study's one
+    cost curve (`share`). A measured speedup does not."""
+    return cfg.metric in ("tau", "tau_per_cost")
 
 
 def directions(cfg: PTDObjectiveConfig) -> list[str]:
@@ -198,10 +199,32 @@ def prepare(cfg) -> Context:
     generate(AR(), target, prompts[0], max_new_tokens=4)  # warm-up
     ar_outputs = [generate(AR(), target, p, max_new_tokens=obj.max_new_tokens, stop_ids=stops).new_tokens
                   for p in prompts] if obj.temperature == 0 else []
-    curve = {}
-    if obj.metric == "tau_per_cost":
-        curve = forward_cost_curve(target, int(statistics.mean(map(len, prompts))))
-    return Context(obj, target, prompts, [ex.id for ex in examples], stops, ar_outputs, curve)
+    return Context(obj, target, prompts, [ex.id for ex in examples], stops, ar_outputs, {})
+
+
+COST_CURVE_KEY = "ptd_cost_curve"
+
+
+def share(ctx: Context, study, cfg) -> None:
+    """`tau_per_cost`: the study's forward-cost curve (`search.study.shared_measurement`), measured by worker 0
+    on its machine and read by every other worker and resume, so that trials compare whoever ran them."""
+    if ctx.cfg.metric != "tau_per_cost":
+        return
+    from decoding.drafting.verify_cost import machine_key
+    from search.study import shared_measurement
+
+    context_len = int(statistics.mean(map(len, ctx.prompts)))
+
+    def measure() -> dict:
+        curve = forward_cost_curve(ctx.target, context_len)
+        return {"ms": {str(rows): ms for rows, ms in curve.items()}, "context_len": context_len,
+                "machine": machine_key(ctx.target, "no-drafter"), "worker": cfg.worker}
+
+    stored = shared_measurement(study, COST_CURVE_KEY, cfg.worker, measure, cfg.shared_wait_s)
+    ctx.cost_curve = {int(rows): ms for rows, ms in stored["ms"].items()}
+    if stored["worker"] != cfg.worker or stored["machine"] != machine_key(ctx.target, "no-drafter"):
+        log.info("tau_per_cost: the study's cost curve, measured by worker %d on %s", stored["worker"],
+                 stored["machine"])
 
 
 def ptd_config(params: dict, fixed: dict):

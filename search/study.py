@@ -16,7 +16,10 @@ An objective is a module `search/<name>.py`, listed in OBJECTIVE_MODULES, that d
 - `deterministic(cfg) -> bool` (optional): the objective scores a parameter set the same every time (the
   gp sampler then fits no noise term);
 - `RESUME_HINTS` (optional): {settings key: how a study that differs only there resumes}, added to the
-  refusal.
+  refusal;
+- `share(context, study, cfg)` (optional): called after `prepare`, to make a measurement the trials' values
+  depend on one for the whole study (`shared_measurement`: PTD's forward-cost curve), so that the values of
+  trials run by different workers, or before and after a resume, compare.
 `suggest(trial, params)` turns a `params` spec ({name: {type: int|float|categorical, low, high,
 log, step, choices}}) into trial suggestions.
 
@@ -36,6 +39,7 @@ import importlib
 import json
 import logging
 import math
+import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,6 +72,7 @@ class StudyConfig:
     n_trials: int = 20  # finished trials wanted in the study, all workers together
     timeout_s: Optional[float] = None  # stop this worker after this many seconds
     worker: int = 0  # this worker's index (Slurm array task); seeds its sampler
+    shared_wait_s: float = 600.0  # how long a worker other than 0 waits for worker 0's study-wide measurements
     seed: int = 0
     threads: Optional[int] = None  # torch CPU threads (None = torch's default)
     show_progress: bool = True
@@ -78,6 +83,7 @@ class StudyConfig:
         check_choice("sampler", self.sampler, SAMPLERS)
         check_range("n_trials", self.n_trials, 1)
         check_range("worker", self.worker, 0)
+        check_range("shared_wait_s", self.shared_wait_s, 0.0)
 
 
 def objective_module(name: str):
@@ -202,6 +208,27 @@ def open_study(cfg: StudyConfig, directions: list[str]):
     return study
 
 
+def shared_measurement(study, key: str, worker: int, measure, wait_s: float, poll_s: float = 1.0):
+    """The study's one value of a measurement (a JSON-able dict) under user attribute `key`: the stored one when
+    the study has it (a resume, or another worker's); else worker 0 measures and stores it, while the other
+    workers wait for it up to `wait_s` seconds (a Slurm array starts its workers at once) and then measure and
+    store their own. Optuna's storages have no compare-and-set, so after storing, the stored value is read back
+    and used: if two workers stored at once, both use the later one."""
+    deadline = time.monotonic() + (0.0 if worker == 0 else wait_s)
+    while True:
+        stored = study.user_attrs.get(key)  # read from the storage each time
+        if stored is not None:
+            return stored
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(poll_s)
+    if worker != 0:
+        log.warning("%s: not stored by worker 0 within %.0f s; worker %d measures it for the study", key, wait_s,
+                    worker)
+    study.set_user_attr(key, measure())
+    return study.user_attrs[key]
+
+
 def recover_stale_trials(study, worker: int) -> int:
     """Trials this worker left RUNNING when it was killed: fail them, re-enqueue enqueued ones."""
     from optuna.trial import TrialState
@@ -250,6 +277,8 @@ def run_study(cfg: StudyConfig, tracker=None) -> dict:
             study.enqueue_trial(dict(params), skip_if_exists=True)
     remaining = cfg.n_trials - len(finished(study))
     context = module.prepare(cfg) if remaining > 0 else None
+    if context is not None and hasattr(module, "share"):
+        module.share(context, study, cfg)
     if fresh and context is not None and hasattr(module, "known_params"):
         for params in module.known_params(context):
             study.enqueue_trial(params, skip_if_exists=True)

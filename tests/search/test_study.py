@@ -40,7 +40,9 @@ def study_cfg(tiny_model_dirs, tmp_path):
     return make
 
 
-def test_study_runs_resumes_after_a_kill_and_exports_a_loadable_method(study_cfg, tmp_path):
+def test_study_runs_resumes_after_a_kill_and_exports_a_loadable_method(study_cfg, tmp_path, monkeypatch):
+    from search import ptd
+
     first = run_study(study_cfg(2))
     assert first["finished_trials"] == 2 and first["best"]
     study = optuna.load_study(study_name="t", storage=optuna.storages.JournalStorage(
@@ -52,8 +54,15 @@ def test_study_runs_resumes_after_a_kill_and_exports_a_loadable_method(study_cfg
                                       "candidate_depth": 4}  # enqueued
     assert {"tau", "rows_per_step", "tau_per_cost", "match_rate"} <= set(study.trials[0].user_attrs)
     assert all(t.user_attrs.get("match_rate", 1.0) == 1.0 for t in study.trials)  # greedy PTD == AR
+    curve = study.user_attrs[ptd.COST_CURVE_KEY]  # tau_per_cost: one cost curve for the whole study
+    assert curve["worker"] == 0 and set(curve["ms"]) >= {"1", "32"}
     killed = study.ask()  # a worker dies mid-trial: the trial stays RUNNING in the journal
     killed.set_user_attr("worker", 0)
+
+    def no_second_curve(*_):
+        raise AssertionError("a resumed study measured the cost curve again")
+
+    monkeypatch.setattr(ptd, "forward_cost_curve", no_second_curve)
 
     resumed = run_study(study_cfg(3))
     assert resumed["recovered_stale_trials"] == 1 and resumed["finished_trials"] == 3
@@ -92,7 +101,7 @@ def test_the_gp_sampler_fits_no_noise_to_objectives_that_repeat_exactly():
 
     assert dimr.deterministic(dimr.DIMRObjectiveConfig())
     assert ptd.deterministic(ptd.PTDObjectiveConfig(metric="tau"))
-    assert not ptd.deterministic(ptd.PTDObjectiveConfig(metric="tau_per_cost"))  # each worker times its own curve
+    assert ptd.deterministic(ptd.PTDObjectiveConfig(metric="tau_per_cost"))  # one stored cost curve per study
     assert not ptd.deterministic(ptd.PTDObjectiveConfig(metric="speedup"))  # a timed ratio
     assert make_sampler("gp", 0, deterministic=True)._deterministic
     assert not make_sampler("gp", 0)._deterministic
@@ -197,3 +206,31 @@ def test_fixed_values_are_checked_alone_and_together_where_no_rule_field_is_sear
     with pytest.raises(ConfigError, match=r"objective.fixed.widht=2"):
         check_fixed(SimpleNamespace(fixed={"widht": 2}, params={}))
 
+
+
+def test_a_shared_measurement_is_measured_once_per_study_and_waited_for_by_the_other_workers(caplog):
+    import threading
+
+    from search.study import shared_measurement
+
+    study = optuna.create_study()
+    calls = []
+
+    def measure(value):
+        def run():
+            calls.append(value)
+            return {"v": value}
+        return run
+
+    # worker 1 starts first and waits; worker 0 measures and stores it a moment later
+    stored_late = threading.Timer(0.3, lambda: shared_measurement(study, "m", 0, measure("w0"), wait_s=0))
+    stored_late.start()
+    assert shared_measurement(study, "m", 1, measure("w1"), wait_s=30, poll_s=0.05) == {"v": "w0"}
+    stored_late.join()
+    assert calls == ["w0"]
+    # a resume (any worker) reads the stored value
+    assert shared_measurement(study, "m", 0, measure("again"), wait_s=0) == {"v": "w0"} and calls == ["w0"]
+    # worker 0 never comes: after the wait, another worker measures it for the study, with a warning
+    other = optuna.create_study()
+    assert shared_measurement(other, "m", 2, measure("w2"), wait_s=0.1, poll_s=0.05) == {"v": "w2"}
+    assert other.user_attrs["m"] == {"v": "w2"} and "worker 2 measures it" in caplog.text
