@@ -1,17 +1,19 @@
-"""Is the shipped EAGLE-3 drafter short of capacity or of data? Its training metrics on answers it trained on
-against the same metrics on the held-out validation answers.
+"""Is a shipped drafter (EAGLE-3 or DFlash) short of capacity or of data? Its training metrics on answers it
+trained on against the same metrics on the held-out validation answers.
 
-The trainer's own validation (`pipeline/train/eagle3.py` `validate`: top-1 agreement per training-time-test step,
-expected chain accept length at T=0, teacher-forced) on
+The trainer's own validation (EAGLE-3, `pipeline/train/eagle3.py` `validate`: top-1 agreement per
+training-time-test step, expected chain accept length at T=0, teacher-forced; DFlash, `pipeline/train/trainer.py`
+`validate`: loss and accept length of the block at sampled anchors, seeded) on
 - `validation`: the held-out answers (`drafter.val_sequences`, the corpus's lowest prompt hashes, as
   `pipeline/train/trainer.py` `training_samples` picks them);
 - `training`: the first `--train-answers` of the training pool in the trainer's shuffled order (a leg draws
-  4 answers per step at random from the pool, so most of these were drawn at least once: the shipped drafter's
-  3592 steps drew 14,368 answers from a pool of 10,966).
+  4 answers per step at random from the pool, so most of these were drawn at least once: the shipped EAGLE-3
+  drafter's 3592 steps drew 14,368 answers from a pool of 10,966, the DFlash drafter's 3414 steps 13,656).
 Similar figures on both mean the drafter does not fit the answers it has seen better than new ones: more of the
 same data cannot raise it, a larger drafter or other data may. A large gap would mean it is short of data.
 
-    python benchmarks/drafter_fit.py [--train-answers 64] [--dtype float32] [--threads 2]
+    python benchmarks/drafter_fit.py [--kind eagle3|dflash] [--train-answers 64] [--dtype float32] [--threads 2]
+        [drafter.num_anchors=64 ...]
 """
 
 from __future__ import annotations
@@ -25,46 +27,70 @@ import torch
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--train-answers", type=int, default=64)
-    ap.add_argument("--drafter", default="pipeline/assets/drafters/smollm2-135m/eagle3")
+    ap.add_argument("--kind", default="eagle3", choices=["eagle3", "dflash"])
+    ap.add_argument("--drafter", default=None, help="default: the shipped SmolLM2 drafter of --kind")
     ap.add_argument("--corpus", default="pipeline/assets/corpus/smollm2-135m")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("overrides", nargs="*", help="training-config overrides the validation reads, e.g. "
+                    "drafter.num_anchors=64 (the DFlash leg that made the shipped drafter)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
     from hydra import compose, initialize_config_module
     from omegaconf import OmegaConf
 
-    from decoding.drafting.eagle3_drafter import load_eagle3
     from pipeline.models import load_model
     from pipeline.train.config import register_train_configs
-    from pipeline.train.eagle3 import validate
-    from pipeline.train.exit_head import Readout
     from pipeline.train.trainer import training_samples
 
+    location = args.drafter or f"pipeline/assets/drafters/smollm2-135m/{args.kind}"
     register_train_configs()
     with initialize_config_module(config_module="conf.train", version_base="1.3"):
         cfg = OmegaConf.to_object(compose("train", overrides=[
-            "drafter=eagle3", f"data.corpus={args.corpus}", f"model.dtype={args.dtype}"]))
+            f"drafter={args.kind}", f"data.corpus={args.corpus}", f"model.dtype={args.dtype}", *args.overrides]))
     target, tokenizer = load_model(cfg.model)
     target.requires_grad_(False)
-    drafter = load_eagle3(args.drafter, dtype=getattr(torch, args.dtype)).eval()
     samples = training_samples(cfg, target, tokenizer)
     n_val = cfg.drafter.val_sequences
     sets = {"validation": samples[:n_val], "training": samples[n_val:n_val + args.train_answers]}
-    embed, readout = target.get_input_embeddings(), Readout(target)
-    print(f"drafter {args.drafter}, {args.dtype}, ttt_length {cfg.drafter.ttt_length}")
+    validate = eagle3_validation(location, target, cfg, args.dtype) if args.kind == "eagle3" else \
+        dflash_validation(location, target, cfg, args.dtype)
+    print(f"drafter {location}, {args.dtype}")
     rows = {}
     for name, answers in sets.items():
         t0 = time.perf_counter()
-        rows[name] = validate(drafter, embed, readout, target, answers, cfg.drafter)
+        rows[name] = validate(answers)
         tokens = sum(len(s["ids"]) - s["prompt_len"] for s in answers)
         print(f"{name}: {len(answers)} answers, {tokens} answer tokens, {time.perf_counter() - t0:.0f} s", flush=True)
-    steps = cfg.drafter.ttt_length
-    print(f"{'answers':<11}" + "".join(f"{'top1 s' + str(j):>9}" for j in range(steps)) + f"{'accept':>8}")
+    columns = list(rows["validation"])
+    print(f"{'answers':<11}" + "".join(f"{c.removeprefix('val/'):>16}" for c in columns))
     for name, m in rows.items():
-        print(f"{name:<11}" + "".join(f"{m[f'val/top1_step{j}']:>9.3f}" for j in range(steps))
-              + f"{m['val/accept_len_chain']:>8.3f}")
+        print(f"{name:<11}" + "".join(f"{m[c]:>16.3f}" for c in columns))
+
+
+def eagle3_validation(location: str, target, cfg, dtype: str):
+    from decoding.drafting.eagle3_drafter import load_eagle3
+    from pipeline.train.eagle3 import validate
+    from pipeline.train.exit_head import Readout
+
+    drafter = load_eagle3(location, dtype=getattr(torch, dtype)).eval()
+    embed, readout = target.get_input_embeddings(), Readout(target)
+    return lambda answers: validate(drafter, embed, readout, target, answers, cfg.drafter)
+
+
+def dflash_validation(location: str, target, cfg, dtype: str):
+    from decoding.drafting.dflash_drafter import load_drafter
+    from pipeline.train.trainer import validate, with_taps
+
+    drafter = load_drafter(location, dtype=getattr(torch, dtype)).eval()
+    layers = list(drafter.spec.target_layer_ids)
+    embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
+
+    def run(answers):
+        answers = [with_taps(s, target, layers, cfg.drafter.max_train_len) for s in answers]
+        return validate(drafter, embed, lm_head, answers, cfg)
+    return run
 
 
 if __name__ == "__main__":
