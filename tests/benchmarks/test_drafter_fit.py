@@ -23,3 +23,16 @@ def test_drafter_fit_reproduces_the_recorded_validation():
     assert rows["validation"][-1] == pytest.approx(recorded["val/accept_len_chain"], abs=0.02)
     assert rows["validation"][0] == pytest.approx(recorded["val/top1_step0"], abs=0.01)
     assert 1.0 <= rows["training"][-1] <= 8.0
+
+
+@pytest.mark.slow
+def test_drafter_fit_reads_a_dflash_drafter_with_its_legs_anchor_count():
+    proc = subprocess.run([sys.executable, "benchmarks/drafter_fit.py", "--kind", "dflash", "--train-answers", "1",
+                           "drafter.num_anchors=64"], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    header, *rows = proc.stdout.splitlines()[-3:]
+    assert header.split() == ["answers", "loss", "accept_len"]
+    values = {line.split()[0]: [float(x) for x in line.split()[1:]] for line in rows}
+    recorded = json.loads((PROJECT_ROOT / "pipeline/assets/drafters/smollm2-135m/dflash/training.json").read_text())
+    assert values["validation"][1] == pytest.approx(recorded["val/accept_len"], abs=0.02)
+    assert values["validation"][0] == pytest.approx(recorded["val/loss"], abs=0.05)
