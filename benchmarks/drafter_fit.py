@@ -9,8 +9,9 @@ training-time-test step, expected chain accept length at T=0, teacher-forced; DF
 - `training`: the first `--train-answers` of the training pool in the trainer's shuffled order (a leg draws
   4 answers per step at random from the pool, so most of these were drawn at least once: the shipped EAGLE-3
   drafter's 3592 steps drew 14,368 answers from a pool of 10,966, the DFlash drafter's 3414 steps 13,656).
-Similar figures on both mean the drafter does not fit the answers it has seen better than new ones: more of the
-same data cannot raise it, a larger drafter or other data may. A large gap would mean it is short of data.
+Similar figures on both mean the drafter does not fit the answers it has seen better than new ones (no sign of
+overfitting): more passes over the same data are unlikely to raise it; capacity is the next suspect
+(`benchmarks/widen_eagle3.py`). A large gap would mean it is short of data.
 
     python benchmarks/drafter_fit.py [--kind eagle3|dflash] [--train-answers 64] [--dtype float32] [--threads 2]
         [drafter.num_anchors=64 ...]
@@ -63,10 +64,11 @@ def main() -> None:
         rows[name] = validate(answers)
         tokens = sum(len(s["ids"]) - s["prompt_len"] for s in answers)
         print(f"{name}: {len(answers)} answers, {tokens} answer tokens, {time.perf_counter() - t0:.0f} s", flush=True)
-    columns = list(rows["validation"])
+    columns = list(dict.fromkeys(c for m in rows.values() for c in m))
     print(f"{'answers':<11}" + "".join(f"{c.removeprefix('val/'):>16}" for c in columns))
     for name, m in rows.items():
-        print(f"{name:<11}" + "".join(f"{m[c]:>16.3f}" for c in columns))
+        # a set without one answer long enough for a DFlash block has no metrics: "-"
+        print(f"{name:<11}" + "".join(f"{m[c]:>16.3f}" if c in m else f"{'-':>16}" for c in columns))
 
 
 def eagle3_validation(location: str, target, cfg, dtype: str):

@@ -2,10 +2,9 @@
 function as the original, to continue training from (`drafter.init_from=<out>`).
 
 The new hidden units' gate and up rows are drawn at the scale of the existing ones; their down-projection
-columns are zero, so the widened drafter's outputs equal the original's until training moves them (the
-"zero-initialised output" way of growing a network, as in Net2Net's function-preserving transforms). The
-published format keeps its field names: only `intermediate_size` changes, so the loader, the trainer and every
-method read the result unchanged.
+columns are zero, so the widened drafter's outputs equal the original's until training moves them (the new
+units still get gradients: their down columns do). The published format keeps its field names: only
+`intermediate_size` changes, so the loader, the trainer and every method read the result unchanged.
 
     python benchmarks/widen_eagle3.py --intermediate 4608 --out /tmp/wide/eagle3 \
         [--drafter pipeline/assets/drafters/smollm2-135m/eagle3] [--seed 0]
@@ -24,12 +23,13 @@ import torch
 @torch.no_grad()
 def widened(model, intermediate: int, seed: int = 0):
     """A copy of `model` (an Eagle3Drafter) whose MLP has `intermediate` hidden units, the same function."""
-    from decoding.drafting.eagle3_drafter import Eagle3Drafter
+    from decoding.drafting.eagle3_drafter import Eagle3Drafter, cast_weights
 
     spec = model.spec
     if intermediate < spec.intermediate_size:
         raise ValueError(f"--intermediate {intermediate}: the drafter already has {spec.intermediate_size}")
-    wide = Eagle3Drafter(dataclasses.replace(spec, intermediate_size=intermediate)).to(model.fc.weight.dtype)
+    wide = Eagle3Drafter(dataclasses.replace(spec, intermediate_size=intermediate),
+                         with_embeddings=model.embed_tokens is not None)
     state = model.state_dict()
     gen = torch.Generator().manual_seed(seed)
     extra = intermediate - spec.intermediate_size
@@ -39,8 +39,8 @@ def widened(model, intermediate: int, seed: int = 0):
         state[f"midlayer.mlp.{name}.weight"] = torch.cat([old, new.to(old.dtype)])
     down = state["midlayer.mlp.down_proj.weight"]
     state["midlayer.mlp.down_proj.weight"] = torch.cat([down, down.new_zeros(down.shape[0], extra)], dim=1)
-    wide.load_state_dict(state)
-    return wide
+    wide.load_state_dict(state)  # into fp32 parameters; then the original's dtype, buffers kept as load_eagle3 has them
+    return cast_weights(wide, model.fc.weight.dtype)
 
 
 def main() -> None:

@@ -8,7 +8,8 @@ Calibration prompts are examples of `task` (GSM8K by default) that are NOT in it
   trial right after PTD on each prompt (interleaved, so machine-load drift hits both alike);
 - `tau_per_cost`: new tokens per AR-forward-equivalent, i.e. sum over steps of the measured cost
   of a forward with that step's rows relative to a one-row forward. The forward-cost curve is measured
-  once per study (by worker 0, stored in the study, `share`) and every worker and resume scores with it.
+  once per study (by worker 0, stored in the study, `share_measurements`) and every worker and resume
+  scores with it.
   Wall-clock-free, so it ranks configurations stably on a busy machine;
 - `tau`: mean accepted length per step, blind to cost (how far the drafts can go at all).
 Every trial also records tau, rows per step, tokens/s and whether the greedy output equals AR.
@@ -93,8 +94,8 @@ class Context:
 
 
 def deterministic(cfg: PTDObjectiveConfig) -> bool:
-    """τ repeats exactly (seeded at T > 0), and so does τ per cost: every worker scores it with the study's one
-    cost curve (`share`). A measured speedup does not."""
+    """τ repeats exactly (seeded at T > 0), and so does τ per cost with the study's stored cost curve, which
+    every worker scores with (`share_measurements`). A measured speedup does not."""
     return cfg.metric in ("tau", "tau_per_cost")
 
 
@@ -205,24 +206,30 @@ def prepare(cfg) -> Context:
 COST_CURVE_KEY = "ptd_cost_curve"
 
 
-def share(ctx: Context, study, cfg) -> None:
+def share_measurements(ctx: Context, study, cfg) -> None:
     """`tau_per_cost`: the study's forward-cost curve (`search.study.shared_measurement`), measured by worker 0
-    on its machine and read by every other worker and resume, so that trials compare whoever ran them."""
+    on its machine and read by every other worker and resume, so that trials compare whoever ran them.
+    `cfg`: the StudyConfig (worker, shared_wait_s)."""
     if ctx.cfg.metric != "tau_per_cost":
         return
     from decoding.drafting.verify_cost import machine_key
-    from search.study import shared_measurement
+    from search.study import finished, shared_measurement
 
     context_len = int(statistics.mean(map(len, ctx.prompts)))
+    machine = machine_key(ctx.target)
+    if COST_CURVE_KEY not in study.user_attrs and finished(study):
+        log.warning("study %r: its %d finished trials were scored before studies stored one cost curve (each "
+                    "worker timed its own); the trials from now on use the stored one", study.study_name,
+                    len(finished(study)))
 
     def measure() -> dict:
         curve = forward_cost_curve(ctx.target, context_len)
-        return {"ms": {str(rows): ms for rows, ms in curve.items()}, "context_len": context_len,
-                "machine": machine_key(ctx.target, "no-drafter"), "worker": cfg.worker}
+        return {"ms": {str(rows): ms for rows, ms in curve.items()},  # JSON keys are strings
+                "context_len": context_len, "machine": machine, "worker": cfg.worker}
 
     stored = shared_measurement(study, COST_CURVE_KEY, cfg.worker, measure, cfg.shared_wait_s)
     ctx.cost_curve = {int(rows): ms for rows, ms in stored["ms"].items()}
-    if stored["worker"] != cfg.worker or stored["machine"] != machine_key(ctx.target, "no-drafter"):
+    if stored["worker"] != cfg.worker or stored["machine"] != machine:
         log.info("tau_per_cost: the study's cost curve, measured by worker %d on %s", stored["worker"],
                  stored["machine"])
 
@@ -248,6 +255,9 @@ def objective(trial, ctx: Context) -> float:
     except ConfigError as err:
         trial.set_user_attr("invalid", str(err))
         raise optuna.TrialPruned(str(err)) from None
+    if obj.metric == "tau_per_cost" and not ctx.cost_curve:
+        raise ConfigError("objective.metric=tau_per_cost: no cost curve in the context; search.study runs "
+                          "share_measurements(context, study, cfg) after prepare, which stores the study's curve")
     tokens = steps = accepted = rows = 0
     cost = ptd_s = ar_s = ar_tokens = 0.0
     matches = []

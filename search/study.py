@@ -17,9 +17,10 @@ An objective is a module `search/<name>.py`, listed in OBJECTIVE_MODULES, that d
   gp sampler then fits no noise term);
 - `RESUME_HINTS` (optional): {settings key: how a study that differs only there resumes}, added to the
   refusal;
-- `share(context, study, cfg)` (optional): called after `prepare`, to make a measurement the trials' values
-  depend on one for the whole study (`shared_measurement`: PTD's forward-cost curve), so that the values of
-  trials run by different workers, or before and after a resume, compare.
+- `share_measurements(context, study, cfg)` (optional; `cfg` is the StudyConfig): called after `prepare`
+  when this worker has trials to run, to fill `context` in place with measurements the trials' values depend
+  on, one for the whole study (`shared_measurement`: PTD's forward-cost curve), so that the values of trials
+  run by different workers, or before and after a resume, compare.
 `suggest(trial, params)` turns a `params` spec ({name: {type: int|float|categorical, low, high,
 log, step, choices}}) into trial suggestions.
 
@@ -210,23 +211,21 @@ def open_study(cfg: StudyConfig, directions: list[str]):
 
 def shared_measurement(study, key: str, worker: int, measure, wait_s: float, poll_s: float = 1.0):
     """The study's one value of a measurement (a JSON-able dict) under user attribute `key`: the stored one when
-    the study has it (a resume, or another worker's); else worker 0 measures and stores it, while the other
-    workers wait for it up to `wait_s` seconds (a Slurm array starts its workers at once) and then measure and
-    store their own. Optuna's storages have no compare-and-set, so after storing, the stored value is read back
-    and used: if two workers stored at once, both use the later one."""
-    deadline = time.monotonic() + (0.0 if worker == 0 else wait_s)
+    the study has it (a resume, or another worker's); else worker 0 measures and stores it, while every other
+    worker waits for it, up to `wait_s` seconds, and then stops with one line. Only worker 0 ever stores it, so
+    no two workers can store different values (Optuna's storages have no compare-and-set)."""
+    deadline = time.monotonic() + wait_s
     while True:
         stored = study.user_attrs.get(key)  # read from the storage each time
         if stored is not None:
             return stored
+        if worker == 0:
+            study.set_user_attr(key, measure())
+            return study.user_attrs[key]
         if time.monotonic() >= deadline:
-            break
+            raise ConfigError(f"worker {worker}: study {study.study_name!r} has no {key} yet, which worker 0 "
+                              f"measures; waited shared_wait_s={wait_s:g} s. Start worker 0, or raise shared_wait_s")
         time.sleep(poll_s)
-    if worker != 0:
-        log.warning("%s: not stored by worker 0 within %.0f s; worker %d measures it for the study", key, wait_s,
-                    worker)
-    study.set_user_attr(key, measure())
-    return study.user_attrs[key]
 
 
 def recover_stale_trials(study, worker: int) -> int:
@@ -277,8 +276,8 @@ def run_study(cfg: StudyConfig, tracker=None) -> dict:
             study.enqueue_trial(dict(params), skip_if_exists=True)
     remaining = cfg.n_trials - len(finished(study))
     context = module.prepare(cfg) if remaining > 0 else None
-    if context is not None and hasattr(module, "share"):
-        module.share(context, study, cfg)
+    if context is not None and hasattr(module, "share_measurements"):
+        module.share_measurements(context, study, cfg)
     if fresh and context is not None and hasattr(module, "known_params"):
         for params in module.known_params(context):
             study.enqueue_trial(params, skip_if_exists=True)

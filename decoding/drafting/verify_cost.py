@@ -218,14 +218,16 @@ def cached_cost_model(key: str, build) -> VerifyCostModel:
     return model
 
 
-def machine_key(target, drafter_location: str) -> str:
-    """What a measured cost curve depends on: model, drafter, device, threads, dtype, attention kernel and
-    whether the forwards replay CUDA graphs (a graphed curve lacks the launches that flatten an eager one)."""
+def machine_key(target, drafter_location: str | None = None) -> str:
+    """What a measured cost curve depends on: model, drafter (None: a curve of the target alone), device,
+    threads, dtype, attention kernel and whether the forwards replay CUDA graphs (a graphed curve lacks the
+    launches that flatten an eager one)."""
     device = torch.device(target.device)
     device = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     name = Path(str(getattr(target.config, "_name_or_path", "model"))).name
     params = sum(p.numel() for p in target.model.parameters())
     attn = getattr(target.config, "_attn_implementation", None) or "default"
     graphs = "-graphs" if getattr(target, "graphs", None) is not None else ""
-    return (f"{name}-{params}-{Path(drafter_location).name}-{device}-t{torch.get_num_threads()}-{target.dtype}"
+    drafter = f"-{Path(drafter_location).name}" if drafter_location is not None else ""
+    return (f"{name}-{params}{drafter}-{device}-t{torch.get_num_threads()}-{target.dtype}"
             f"-{attn}{graphs}")

@@ -1,5 +1,5 @@
-"""benchmarks/drafter_fit.py: the shipped EAGLE-3 drafter's metrics on held-out and training answers; the held-out
-row reproduces the validation its training.json records."""
+"""benchmarks/drafter_fit.py: the shipped EAGLE-3 and DFlash drafters' metrics on held-out and training answers;
+the held-out row reproduces the validation each drafter's training.json records."""
 
 import json
 import subprocess

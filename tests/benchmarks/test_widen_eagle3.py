@@ -35,3 +35,23 @@ def test_a_widened_drafter_computes_the_same_steps_and_its_new_units_learn():
     # the new units' output columns start at zero, yet receive a gradient, so training can use them
     wide.logits(wide.step(embeds, hidden, positions, empty.keys, empty.values, mask)[0]).sum().backward()
     assert wide.midlayer.mlp.down_proj.weight.grad[:, 48:].abs().sum() > 0
+
+
+def test_the_script_writes_a_checkpoint_the_loader_reads_with_its_training_record(tmp_path, monkeypatch):
+    import json
+    import sys
+
+    from decoding.drafting.eagle3_drafter import load_eagle3, save_eagle3
+
+    spec = Eagle3Spec(hidden_size=32, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2,
+                      vocab_size=64, draft_vocab_size=16, target_hidden_size=32, head_dim=8)
+    source, out = tmp_path / "eagle3", tmp_path / "wide"
+    save_eagle3(Eagle3Drafter(spec, with_embeddings=True), source)
+    (source / "training.json").write_text(json.dumps({"kind": "eagle3", "steps": 7}))
+    monkeypatch.setattr(sys, "argv", ["widen_eagle3.py", "--drafter", str(source), "--intermediate", "64",
+                                      "--out", str(out)])
+    load_script().main()
+    wide = load_eagle3(str(out))
+    assert wide.spec.intermediate_size == 64 and wide.embed_tokens is not None
+    record = json.loads((out / "training.json").read_text())
+    assert record["steps"] == 7 and record["widened_from"]["intermediate_size"] == 48

@@ -71,6 +71,12 @@ def test_study_runs_resumes_after_a_kill_and_exports_a_loadable_method(study_cfg
     assert {n: study.trials[n].params for n in done} == done  # finished trials were not re-run
     assert study.trials[killed.number].state == optuna.trial.TrialState.FAIL
     assert run_study(study_cfg(3))["finished_trials"] == 3  # complete: nothing more runs
+    # a second worker joins: it scores with worker 0's stored curve (measuring again would raise above)
+    joined = run_study(study_cfg(4, "tau_per_cost", "worker=1", "shared_wait_s=0"))
+    assert joined["finished_trials"] == 4
+    study = optuna.load_study(study_name="t", storage=optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(tmp_path / "ptd.journal"))))
+    assert study.trials[-1].user_attrs["worker"] == 1 and "tau_per_cost" in study.trials[-1].user_attrs
     # resuming with another cost (here: a different calibration set) would mix two costs in one study
     with pytest.raises(ConfigError, match=r"study 't' exists with other settings \(objective.calibration_prompts\)"):
         run_study(study_cfg(4, "tau_per_cost", "objective.calibration_prompts=3"))
@@ -82,7 +88,7 @@ def test_study_runs_resumes_after_a_kill_and_exports_a_loadable_method(study_cfg
     with initialize_config_module(config_module="conf", version_base="1.3"):
         cfg = compose("config", overrides=["method=ptd_t", f"hydra.searchpath=[file://{tmp_path / 'conf'}]"])
     method = OmegaConf.to_object(cfg).method
-    best = resumed["best"][0]["params"]
+    best = joined["best"][0]["params"]
     assert method._target_ == "decoding.methods.ptd.PTD" and all(getattr(method, k) == v for k, v in best.items())
 
 
@@ -207,10 +213,10 @@ def test_fixed_values_are_checked_alone_and_together_where_no_rule_field_is_sear
         check_fixed(SimpleNamespace(fixed={"widht": 2}, params={}))
 
 
-
-def test_a_shared_measurement_is_measured_once_per_study_and_waited_for_by_the_other_workers(caplog):
+def test_a_shared_measurement_is_measured_by_worker_0_and_waited_for_by_the_others():
     import threading
 
+    from pipeline.errors import ConfigError
     from search.study import shared_measurement
 
     study = optuna.create_study()
@@ -230,7 +236,9 @@ def test_a_shared_measurement_is_measured_once_per_study_and_waited_for_by_the_o
     assert calls == ["w0"]
     # a resume (any worker) reads the stored value
     assert shared_measurement(study, "m", 0, measure("again"), wait_s=0) == {"v": "w0"} and calls == ["w0"]
-    # worker 0 never comes: after the wait, another worker measures it for the study, with a warning
+    # worker 0 never comes: another worker never measures it (two could store different values); one line
     other = optuna.create_study()
-    assert shared_measurement(other, "m", 2, measure("w2"), wait_s=0.1, poll_s=0.05) == {"v": "w2"}
-    assert other.user_attrs["m"] == {"v": "w2"} and "worker 2 measures it" in caplog.text
+    with pytest.raises(ConfigError, match=r"worker 2: study .* has no m yet, which worker 0 measures; waited "
+                                          r"shared_wait_s=0.1 s. Start worker 0, or raise shared_wait_s"):
+        shared_measurement(other, "m", 2, measure("w2"), wait_s=0.1, poll_s=0.05)
+    assert "m" not in other.user_attrs and calls == ["w0"]
