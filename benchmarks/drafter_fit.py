@@ -1,5 +1,5 @@
-"""Is a shipped drafter (EAGLE-3 or DFlash) short of capacity or of data? Its training metrics on answers it
-trained on against the same metrics on the held-out validation answers.
+"""Does a shipped drafter (EAGLE-3 or DFlash) fit the answers it trained on better than new ones? Its training
+metrics on answers of its training pool against the same metrics on the held-out validation answers.
 
 The trainer's own validation (EAGLE-3, `pipeline/train/eagle3.py` `validate`: top-1 agreement per
 training-time-test step, expected chain accept length at T=0, teacher-forced; DFlash, `pipeline/train/trainer.py`
@@ -8,10 +8,10 @@ training-time-test step, expected chain accept length at T=0, teacher-forced; DF
   `pipeline/train/trainer.py` `training_samples` picks them);
 - `training`: the first `--train-answers` of the training pool in the trainer's shuffled order (a leg draws
   4 answers per step at random from the pool, so most of these were drawn at least once: the shipped EAGLE-3
-  drafter's 3592 steps drew 14,368 answers from a pool of 10,966, the DFlash drafter's 3414 steps 13,656).
-Similar figures on both mean the drafter does not fit the answers it has seen better than new ones (no sign of
-overfitting): more passes over the same data are unlikely to raise it; capacity is the next suspect
-(`benchmarks/widen_eagle3.py`). A large gap would mean it is short of data.
+  drafter's 3592 steps drew 14,368 answers, the first 4,800 from the 7,718 the corpus then had, the rest from
+  10,966; the DFlash drafter's 3414 steps 13,656).
+Similar figures on both mean no sign of overfitting (an underfit drafter shows the same); whether more passes
+over the data help is for further training legs to measure. A large gap would mean it is short of data.
 
     python benchmarks/drafter_fit.py [--kind eagle3|dflash] [--train-answers 64] [--dtype float32] [--threads 2]
         [drafter.num_anchors=64 ...]

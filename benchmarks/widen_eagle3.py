@@ -51,17 +51,21 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
 
+    from decoding.drafting.dflash_drafter import resolve_location
     from decoding.drafting.eagle3_drafter import load_eagle3, save_eagle3
 
     model = load_eagle3(args.drafter, dtype=torch.float32)
     wide = widened(model, args.intermediate, args.seed)
     out = Path(args.out)
     save_eagle3(wide, out)
-    record = Path(args.drafter) / "training.json"
-    if record.is_file():  # a further leg reads the steps trained so far from here
+    # a further leg reads the steps trained so far from here (and seeds its answer draws with them)
+    record = resolve_location(args.drafter) / "training.json"
+    if record.is_file():
         summary = json.loads(record.read_text())
         summary["widened_from"] = {"drafter": args.drafter, "intermediate_size": model.spec.intermediate_size}
         (out / "training.json").write_text(json.dumps(summary, indent=2))
+    else:
+        print(f"warning: {record} not found: a leg from {out} counts its steps from 0")
     params = sum(p.numel() for p in wide.parameters())
     print(f"{args.drafter}: intermediate {model.spec.intermediate_size} -> {args.intermediate}, "
           f"{params / 1e6:.2f} M parameters, written to {out}")

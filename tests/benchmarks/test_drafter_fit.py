@@ -30,9 +30,9 @@ def test_drafter_fit_reads_a_dflash_drafter_with_its_legs_anchor_count():
     proc = subprocess.run([sys.executable, "benchmarks/drafter_fit.py", "--kind", "dflash", "--train-answers", "1",
                            "drafter.num_anchors=64"], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    header, *rows = proc.stdout.splitlines()[-3:]
-    assert header.split() == ["answers", "loss", "accept_len"]
-    values = {line.split()[0]: [float(x) for x in line.split()[1:]] for line in rows}
+    header, validation, training = proc.stdout.splitlines()[-3:]
+    assert header.split() == ["answers", "loss", "accept_len"] and training.split()[0] == "training"
+    values = {"validation": [float(x) for x in validation.split()[1:]]}  # one training answer may be too short: "-"
     recorded = json.loads((PROJECT_ROOT / "pipeline/assets/drafters/smollm2-135m/dflash/training.json").read_text())
     assert values["validation"][1] == pytest.approx(recorded["val/accept_len"], abs=0.02)
     assert values["validation"][0] == pytest.approx(recorded["val/loss"], abs=0.05)

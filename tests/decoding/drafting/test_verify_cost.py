@@ -17,3 +17,11 @@ def test_a_cost_curve_is_not_reused_across_graphs_or_attention_kernels(tiny_llam
         tiny_llama.config._attn_implementation = attn
         keys[attn] = machine_key(tiny_llama, "drafters/x/dflash")
     assert keys["eager"].endswith("-eager") and keys["sdpa"].endswith("-sdpa")
+
+
+def test_a_target_alone_has_a_key_without_a_drafter(tiny_llama):
+    """PTD's tau_per_cost curve times the target alone (search/ptd.py): its key names no drafter."""
+    from decoding.drafting.verify_cost import machine_key
+
+    alone, with_drafter = machine_key(tiny_llama), machine_key(tiny_llama, "drafters/x/dflash")
+    assert "dflash" not in alone and with_drafter.replace("-dflash", "") == alone
