@@ -53,19 +53,20 @@ def main() -> None:
 
     from decoding.drafting.dflash_drafter import resolve_location
     from decoding.drafting.eagle3_drafter import load_eagle3, save_eagle3
+    from pipeline.train.trainer import training_record
 
     model = load_eagle3(args.drafter, dtype=torch.float32)
     wide = widened(model, args.intermediate, args.seed)
     out = Path(args.out)
     save_eagle3(wide, out)
     # a further leg reads the steps trained so far from here (and seeds its answer draws with them)
-    record = resolve_location(args.drafter) / "training.json"
-    if record.is_file():
-        summary = json.loads(record.read_text())
+    folder = resolve_location(args.drafter)
+    summary = training_record(folder)
+    if summary:
         summary["widened_from"] = {"drafter": args.drafter, "intermediate_size": model.spec.intermediate_size}
         (out / "training.json").write_text(json.dumps(summary, indent=2))
     else:
-        print(f"warning: {record} not found: a leg from {out} counts its steps from 0")
+        print(f"warning: {folder / 'training.json'} not found: a leg from {out} counts its steps from 0")
     params = sum(p.numel() for p in wide.parameters())
     print(f"{args.drafter}: intermediate {model.spec.intermediate_size} -> {args.intermediate}, "
           f"{params / 1e6:.2f} M parameters, written to {out}")
