@@ -217,10 +217,11 @@ def share_measurements(ctx: Context, study, cfg) -> None:
 
     context_len = int(statistics.mean(map(len, ctx.prompts)))
     machine = machine_key(ctx.target)
-    if COST_CURVE_KEY not in study.user_attrs and finished(study):
+    scored_before = len(finished(study)) if COST_CURVE_KEY not in study.user_attrs else 0
+    if scored_before:
         log.warning("study %r: its %d finished trials were scored before studies stored one cost curve (each "
                     "worker timed its own); the trials from now on use the stored one", study.study_name,
-                    len(finished(study)))
+                    scored_before)
 
     def measure() -> dict:
         curve = forward_cost_curve(ctx.target, context_len)
