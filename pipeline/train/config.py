@@ -67,6 +67,10 @@ class DrafterTrainConfig:
     ttt_length: int = 7  # eagle3: training-time-test steps (EAGLE-3 / SpecForge: 7)
     head_init: str = "random"  # eagle3: random (EAGLE-3, SpecForge) | target (its lm_head rows and final norm, trained)
     ttt_decay: float = 0.8  # eagle3: weight decay^j of step j's loss (EAGLE main.py, SpecForge ploss_decay)
+    # eagle3: none (EAGLE-3, SpecForge: fc reads the raw features) | rms: fc trains on features divided per dimension
+    # by their RMS over answer positions, its columns multiplied back so the exported drafter is unchanged in format
+    # (an optimizer preconditioning of ours; pipeline/train/eagle3.py `FeatureScale`)
+    feature_scale: str = "none"
     max_train_len: int = 2048  # tokens per training sequence (EAGLE: max_len 2048)
     # matmuls in bf16, weights/optimizer fp32; null = where bf16 is native (GPU cc >= 8.0, CPU avx512_bf16/AMX)
     bf16_autocast: Optional[bool] = None
@@ -74,6 +78,7 @@ class DrafterTrainConfig:
     def __post_init__(self) -> None:
         check_choice("drafter.kind", self.kind, ("dflash", "domino", "exit_head", "eagle3"))
         check_choice("drafter.head_init", self.head_init, ("random", "target"))
+        check_choice("drafter.feature_scale", self.feature_scale, ("none", "rms"))
         check_range("drafter.ttt_length", self.ttt_length, 1)
         check_range("drafter.draft_vocab_size", self.draft_vocab_size, 2)
         check_range("drafter.exit_layer", self.exit_layer, 1)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -87,6 +88,72 @@ def teacher_pass(target, ids: torch.Tensor, layer_ids: list[int]) -> tuple[torch
     # hidden_states[i + 1] is the output of decoder layer i; the last entry is after the final norm
     feats = torch.cat([out.hidden_states[i + 1][0] for i in layer_ids], dim=-1).float()
     return feats, out.hidden_states[-1][0].float()
+
+
+class FeatureScale:
+    """`drafter.feature_scale=rms` (ours; EAGLE-3 and SpecForge feed fc the raw features): fc trains on the
+    target's features divided per dimension by their RMS over answer positions, its columns multiplied by the
+    same RMS, so the drafter computes the same function. Why: the tapped layers' features differ in scale by
+    orders of magnitude (SmolLM2-135M: median RMS 1.2 at layer 1, 13.7 at layer 26, one dimension near 360 on
+    every token), and Adam moves every weight by about the same step, so fc's output follows a large
+    dimension hundreds of times faster than a small one. Exports fold the scale back into fc (the published
+    format has none); the training state keeps the scaled weights and the scale, so a resume continues in the
+    same coordinates. `none`: a scale of ones (dividing by it changes nothing)."""
+
+    def __init__(self, scale: torch.Tensor):
+        self.scale = scale
+
+    def features(self, feats: torch.Tensor) -> torch.Tensor:
+        return feats / self.scale.to(feats)
+
+    @contextmanager
+    def folded(self, model: Eagle3Drafter):
+        """The model with fc in the raw features' coordinates (for an export), restored bit for bit after."""
+        trained = model.fc.weight.detach().clone()
+        with torch.no_grad():
+            model.fc.weight.div_(self.scale.to(trained))
+        try:
+            yield model
+        finally:
+            with torch.no_grad():
+                model.fc.weight.copy_(trained)
+
+
+@torch.no_grad()
+def feature_rms(target, samples: list[dict], layer_ids: list[int]) -> torch.Tensor:
+    """Per-dimension RMS [3H] of the tapped features over the rows that predict answer tokens, floored at a
+    hundredth of the median (a dimension silent in these answers must not blow up elsewhere)."""
+    total, rows = None, 0
+    for s in samples:
+        feats, _ = teacher_pass(target, s["ids"], layer_ids)
+        answer = feats[max(s["prompt_len"] - 1, 0):]
+        total = answer.pow(2).sum(0) + (0 if total is None else total)
+        rows += len(answer)
+    rms = (total / max(rows, 1)).sqrt()
+    return rms.clamp(min=0.01 * float(rms.median())).cpu()
+
+
+def feature_scale(mode: str, state_dir: Path, model: Eagle3Drafter, target, samples: list[dict],
+                  layer_ids: list[int], count: int = 32) -> FeatureScale:
+    """The run's FeatureScale, with fc moved into its coordinates: the state dir's (a resume) or measured on
+    the first `count` training answers and saved there."""
+    path = state_dir / "feature_scale.pt"
+    resumed = (state_dir / "train_state.pt").exists()
+    if resumed and path.exists() != (mode == "rms"):
+        raise ConfigError(f"drafter.feature_scale={mode}: drafter.state_dir={state_dir} holds a run trained with "
+                          f"feature_scale={'rms' if path.exists() else 'none'}: set that, or give this run its own "
+                          "state_dir")
+    if mode == "none":
+        return FeatureScale(torch.ones(model.fc.in_features))
+    if resumed and path.exists():
+        scale = torch.load(path)
+    else:
+        scale = feature_rms(target, samples[:count], layer_ids)
+        torch.save(scale, path.with_suffix(".tmp"))
+        path.with_suffix(".tmp").rename(path)
+    with torch.no_grad():
+        model.fc.weight.mul_(scale.to(model.fc.weight))
+    return FeatureScale(scale)
 
 
 def ttt_hidden(drafter: Eagle3Drafter, embed, feats, ids, ttt_length: int):
@@ -165,12 +232,15 @@ def continued_eagle3(location: str, folder: Path, target_config, layer_ids: list
 
 
 @torch.no_grad()
-def validate(drafter, embed, readout, target, samples, d) -> dict:
+def validate(drafter, embed, readout, target, samples, d, scale: FeatureScale | None = None) -> dict:
+    """`scale`: the run's FeatureScale while the drafter is in its coordinates (None: a drafter as exported)."""
     agree = [0.0] * d.ttt_length
     count = [0] * d.ttt_length
     accept, rows = 0.0, 0
     for s in samples:
         feats, finals = teacher_pass(target, s["ids"], drafter.spec.aux_layer_ids)
+        if scale is not None:
+            feats = scale.features(feats)
         steps = ttt_steps(drafter, embed, feats, finals, readout, s["ids"].to(feats.device), s["prompt_len"],
                           d.ttt_length)
         for j, (_, a, ok) in enumerate(steps):
@@ -215,6 +285,7 @@ def train_eagle3(cfg: TrainConfig, run_config: dict, show_progress: bool = True)
         log.info("drafter.init_from keeps its draft vocabulary of %d (drafter.draft_vocab_size=%d is not used)",
                  model.spec.draft_vocab_size, d.draft_vocab_size)
     check_leg(state_dir, out_dir, d.init_from, init_folder, prior_steps)
+    scale = feature_scale(d.feature_scale, state_dir, model, target, train_set, layer_ids)
     model.train()
     embed = target.get_input_embeddings()
     readout = Readout(target)
@@ -227,10 +298,11 @@ def train_eagle3(cfg: TrainConfig, run_config: dict, show_progress: bool = True)
 
     def checkpoint(final: bool = False) -> dict:
         save_state(resume_path, model, optimizer, step, elapsed)
-        save_eagle3(model, out_dir)
+        with scale.folded(model):
+            save_eagle3(model, out_dir)
         if not (final or step % (5 * d.checkpoint_every) == 0):
             return {}
-        metrics = validate(model.eval(), embed, readout, target, val, d)
+        metrics = validate(model.eval(), embed, readout, target, val, d, scale)
         model.train()
         return metrics
 
@@ -245,6 +317,7 @@ def train_eagle3(cfg: TrainConfig, run_config: dict, show_progress: bool = True)
             for s in rng.sample(train_set, min(d.seqs_per_step, len(train_set))):
                 ids = s["ids"][:d.max_train_len]
                 feats, finals = teacher_pass(target, ids, layer_ids)
+                feats = scale.features(feats)
                 with autocast(cfg, target.device):
                     steps = ttt_steps(model, embed, feats, finals, readout, ids.to(feats.device), s["prompt_len"],
                                       d.ttt_length)
@@ -270,6 +343,7 @@ def train_eagle3(cfg: TrainConfig, run_config: dict, show_progress: bool = True)
     summary = {"kind": d.kind, "steps": prior_steps + step, "train_minutes": round(minutes, 1),
                "sequences": len(train_set), "tokens": sum(len(s["ids"]) for s in samples), "layer_ids": layer_ids,
                "draft_vocab_size": model.spec.draft_vocab_size, "ttt_length": d.ttt_length,
+               "feature_scale": d.feature_scale,
                **({"init_from": d.init_from, "init_steps": prior_steps, "leg_steps": step} if d.init_from else {}),
                **{k: round(v, 4) for k, v in final.items()}}
     return publish(summary, out_dir, wb)

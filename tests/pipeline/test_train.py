@@ -310,6 +310,57 @@ def test_eagle3_training_raises_chain_acceptance_and_decodes_as_method_eagle3(ti
     assert "resumed at step 1" in caplog.text
 
 
+def test_eagle3_feature_scale_trains_in_scaled_coordinates_and_exports_the_plain_format(tiny_model_dirs, tmp_path):
+    """drafter.feature_scale=rms: the scaled fc computes the function it had; the export folds the scale back
+    (its own validation reads the trainer's final metrics), a resume keeps the scale, and a state dir trained
+    one way refuses the other."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from decoding.drafting.eagle3_drafter import load_eagle3
+    from pipeline.train.eagle3 import feature_scale, new_eagle3, teacher_pass, token_counts, validate
+    from pipeline.train.exit_head import Readout
+    from pipeline.train.trainer import train, training_samples
+
+    overrides = [o for o in tiny_overrides(tiny_model_dirs["llama"], tmp_path, "eagle3", steps=4)
+                 if not o.startswith("drafter.checkpoint_every")]
+    overrides += ["drafter.checkpoint_every=2", "drafter.ttt_length=3", "drafter.eagle_layer_ids=[0,1,2]",
+                  "drafter.draft_vocab_size=40", "drafter.feature_scale=rms"]
+    cfg = compose_train(overrides)
+    target = AutoModelForCausalLM.from_pretrained(tiny_model_dirs["llama"], dtype=torch.float32).eval()
+    samples = training_samples(cfg, target, AutoTokenizer.from_pretrained(tiny_model_dirs["llama"]))
+    model = new_eagle3(target.config, [0, 1, 2], 40, token_counts(samples, target.config.vocab_size), 0)
+    plain = model.fc.weight.detach().clone()
+    (tmp_path / "probe").mkdir()
+    scale = feature_scale("rms", tmp_path / "probe", model, target, samples, [0, 1, 2])
+    assert scale.scale.shape == (3 * target.config.hidden_size,) and not torch.allclose(scale.scale, torch.ones(1))
+    feats, _ = teacher_pass(target, samples[0]["ids"], [0, 1, 2])
+    with torch.no_grad():
+        torch.testing.assert_close(model.fc(scale.features(feats)), feats @ plain.t(), rtol=1e-4, atol=1e-5)
+        trained = model.fc.weight.detach().clone()
+        with scale.folded(model):
+            torch.testing.assert_close(model.fc.weight, plain)
+        assert torch.equal(model.fc.weight, trained)  # restored bit for bit
+
+    summary = train(cfg, {}, show_progress=False)
+    assert summary["feature_scale"] == "rms"
+    # the export (bf16, as published) is the trained state with the scale folded back into fc
+    saved = torch.load(tmp_path / "state" / "eagle3" / "feature_scale.pt")
+    state = torch.load(tmp_path / "state" / "eagle3" / "train_state.pt", weights_only=False)["model"]
+    exported = load_eagle3(str(tmp_path / "eagle3"), dtype=torch.float32).eval()
+    assert torch.equal(exported.fc.weight, (state["fc.weight"] / saved).to(torch.bfloat16).float())
+    assert torch.equal(exported.lm_head.weight, state["lm_head.weight"].to(torch.bfloat16).float())
+    again = validate(exported, target.get_input_embeddings(), Readout(target), target, samples[:2], cfg.drafter)
+    assert abs(again["val/accept_len_chain"] - summary["val/accept_len_chain"]) < 0.2  # bf16 rounding apart
+    assert train(compose_train([o if o != "drafter.steps=4" else "drafter.steps=6" for o in overrides]), {},
+                 show_progress=False)["steps"] == 6
+    assert torch.equal(torch.load(tmp_path / "state" / "eagle3" / "feature_scale.pt"), saved)
+    with pytest.raises(ConfigError, match="feature_scale=rms"):
+        train(compose_train([o for o in overrides if o != "drafter.feature_scale=rms"] + ["drafter.steps=8"]), {},
+              show_progress=False)
+    with pytest.raises(ConfigError, match="feature_scale"):
+        compose_train(["drafter=eagle3", "drafter.feature_scale=zscore"])
+
+
 def test_exit_head_keeps_a_seeded_subset_of_answers_within_its_position_limit():
     from types import SimpleNamespace
 
