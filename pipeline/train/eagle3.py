@@ -39,9 +39,9 @@ from decoding.drafting.eagle3_drafter import (Eagle3Drafter, Eagle3Spec, default
 from pipeline.errors import ConfigError
 from pipeline.train.config import TrainConfig
 from pipeline.train.exit_head import Readout
-from pipeline.train.trainer import (autocast, check_leg, learning_rate, make_wandb, progress_bar, publish,
-                                    resume_state, _rope_theta, save_state, start_run, target_final_norm_gain,
-                                    training_record, training_samples)
+from pipeline.train.trainer import (atomic_save, autocast, check_leg, learning_rate, make_wandb, progress_bar,
+                                    publish, resume_state, _rope_theta, save_state, start_run,
+                                    target_final_norm_gain, training_record, training_samples)
 
 log = logging.getLogger(__name__)
 
@@ -134,25 +134,29 @@ def feature_rms(target, samples: list[dict], layer_ids: list[int]) -> torch.Tens
 
 
 def feature_scale(mode: str, state_dir: Path, model: Eagle3Drafter, target, samples: list[dict],
-                  layer_ids: list[int], count: int = 32) -> FeatureScale:
-    """The run's FeatureScale, with fc moved into its coordinates: the state dir's (a resume) or measured on
-    the first `count` training answers and saved there."""
+                  layer_ids: list[int], fresh: bool, count: int = 32) -> FeatureScale:
+    """The run's FeatureScale: the state dir's (a resume) or measured on the first `count` training answers
+    and saved there. A trained drafter's fc is moved into its coordinates (same function); a `fresh` one
+    keeps its random start, drawn as it is in the scaled coordinates (multiplied, the columns of large
+    features would start far larger than Adam's steps can move in a short run)."""
     path = state_dir / "feature_scale.pt"
     resumed = (state_dir / "train_state.pt").exists()
     if resumed and path.exists() != (mode == "rms"):
         raise ConfigError(f"drafter.feature_scale={mode}: drafter.state_dir={state_dir} holds a run trained with "
                           f"feature_scale={'rms' if path.exists() else 'none'}: set that, or give this run its own "
                           "state_dir")
+    if not resumed:
+        path.unlink(missing_ok=True)  # left by a run stopped before its first checkpoint
     if mode == "none":
         return FeatureScale(torch.ones(model.fc.in_features))
-    if resumed and path.exists():
+    if resumed:
         scale = torch.load(path)
     else:
         scale = feature_rms(target, samples[:count], layer_ids)
-        torch.save(scale, path.with_suffix(".tmp"))
-        path.with_suffix(".tmp").rename(path)
-    with torch.no_grad():
-        model.fc.weight.mul_(scale.to(model.fc.weight))
+        atomic_save(scale, path)
+    if not fresh:
+        with torch.no_grad():
+            model.fc.weight.mul_(scale.to(model.fc.weight))
     return FeatureScale(scale)
 
 
@@ -285,7 +289,7 @@ def train_eagle3(cfg: TrainConfig, run_config: dict, show_progress: bool = True)
         log.info("drafter.init_from keeps its draft vocabulary of %d (drafter.draft_vocab_size=%d is not used)",
                  model.spec.draft_vocab_size, d.draft_vocab_size)
     check_leg(state_dir, out_dir, d.init_from, init_folder, prior_steps)
-    scale = feature_scale(d.feature_scale, state_dir, model, target, train_set, layer_ids)
+    scale = feature_scale(d.feature_scale, state_dir, model, target, train_set, layer_ids, fresh=not d.init_from)
     model.train()
     embed = target.get_input_embeddings()
     readout = Readout(target)

@@ -275,11 +275,15 @@ def resume_state(path: Path, model, optimizer) -> tuple[int, float]:
     return saved["step"], saved["elapsed_s"]
 
 
-def save_state(path: Path, model, optimizer, step: int, elapsed: float) -> None:
-    """Atomic write (a killed run leaves the previous state whole)."""
-    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step, "elapsed_s": elapsed},
-               path.with_suffix(".tmp"))
+def atomic_save(obj, path: Path) -> None:
+    """torch.save through a temporary file: a killed run leaves the previous file whole."""
+    torch.save(obj, path.with_suffix(".tmp"))
     path.with_suffix(".tmp").rename(path)
+
+
+def save_state(path: Path, model, optimizer, step: int, elapsed: float) -> None:
+    atomic_save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step, "elapsed_s": elapsed},
+                path)
 
 
 def progress_bar(d, step: int, show: bool,

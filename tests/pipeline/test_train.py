@@ -317,7 +317,7 @@ def test_eagle3_feature_scale_trains_in_scaled_coordinates_and_exports_the_plain
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from decoding.drafting.eagle3_drafter import load_eagle3
-    from pipeline.train.eagle3 import feature_scale, new_eagle3, teacher_pass, token_counts, validate
+    from pipeline.train.eagle3 import FeatureScale, feature_scale, new_eagle3, teacher_pass, token_counts, validate
     from pipeline.train.exit_head import Readout
     from pipeline.train.trainer import train, training_samples
 
@@ -331,7 +331,8 @@ def test_eagle3_feature_scale_trains_in_scaled_coordinates_and_exports_the_plain
     model = new_eagle3(target.config, [0, 1, 2], 40, token_counts(samples, target.config.vocab_size), 0)
     plain = model.fc.weight.detach().clone()
     (tmp_path / "probe").mkdir()
-    scale = feature_scale("rms", tmp_path / "probe", model, target, samples, [0, 1, 2])
+    (tmp_path / "probe" / "feature_scale.pt").write_bytes(b"left by a run stopped before its first checkpoint")
+    scale = feature_scale("rms", tmp_path / "probe", model, target, samples, [0, 1, 2], fresh=False)
     assert scale.scale.shape == (3 * target.config.hidden_size,) and not torch.allclose(scale.scale, torch.ones(1))
     feats, _ = teacher_pass(target, samples[0]["ids"], [0, 1, 2])
     with torch.no_grad():
@@ -349,14 +350,28 @@ def test_eagle3_feature_scale_trains_in_scaled_coordinates_and_exports_the_plain
     exported = load_eagle3(str(tmp_path / "eagle3"), dtype=torch.float32).eval()
     assert torch.equal(exported.fc.weight, (state["fc.weight"] / saved).to(torch.bfloat16).float())
     assert torch.equal(exported.lm_head.weight, state["lm_head.weight"].to(torch.bfloat16).float())
+    with torch.no_grad():  # the export reads raw features as the trained fc read scaled ones (bf16 rounding apart)
+        torch.testing.assert_close(exported.fc(feats), FeatureScale(saved).features(feats) @ state["fc.weight"].t(),
+                                   rtol=2e-2, atol=2e-2)
     again = validate(exported, target.get_input_embeddings(), Readout(target), target, samples[:2], cfg.drafter)
-    assert abs(again["val/accept_len_chain"] - summary["val/accept_len_chain"]) < 0.2  # bf16 rounding apart
+    assert abs(again["val/accept_len_chain"] - summary["val/accept_len_chain"]) < 0.2
     assert train(compose_train([o if o != "drafter.steps=4" else "drafter.steps=6" for o in overrides]), {},
                  show_progress=False)["steps"] == 6
     assert torch.equal(torch.load(tmp_path / "state" / "eagle3" / "feature_scale.pt"), saved)
     with pytest.raises(ConfigError, match="feature_scale=rms"):
         train(compose_train([o for o in overrides if o != "drafter.feature_scale=rms"] + ["drafter.steps=8"]), {},
               show_progress=False)
+    plain_run = [o for o in overrides if o != "drafter.feature_scale=rms" and not o.startswith("drafter.state_dir")]
+    train(compose_train(plain_run + [f"drafter.state_dir={tmp_path / 'plain'}"]), {}, show_progress=False)
+    with pytest.raises(ConfigError, match="feature_scale=none"):
+        train(compose_train(plain_run + [f"drafter.state_dir={tmp_path / 'plain'}", "drafter.feature_scale=rms",
+                                         "drafter.steps=6"]), {}, show_progress=False)
+    # a new drafter keeps its random start (drawn in the scaled coordinates)
+    fresh = new_eagle3(target.config, [0, 1, 2], 40, token_counts(samples, target.config.vocab_size), 0)
+    start = fresh.fc.weight.detach().clone()
+    (tmp_path / "fresh").mkdir()
+    feature_scale("rms", tmp_path / "fresh", fresh, target, samples, [0, 1, 2], fresh=True)
+    assert torch.equal(fresh.fc.weight, start)
     with pytest.raises(ConfigError, match="feature_scale"):
         compose_train(["drafter=eagle3", "drafter.feature_scale=zscore"])
 
