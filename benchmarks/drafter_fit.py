@@ -38,21 +38,8 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
-    from hydra import compose, initialize_config_module
-    from omegaconf import OmegaConf
-
-    from pipeline.models import load_model
-    from pipeline.train.config import register_train_configs
-    from pipeline.train.trainer import training_samples
-
     location = args.drafter or f"pipeline/assets/drafters/smollm2-135m/{args.kind}"
-    register_train_configs()
-    with initialize_config_module(config_module="conf.train", version_base="1.3"):
-        cfg = OmegaConf.to_object(compose("train", overrides=[
-            f"drafter={args.kind}", f"data.corpus={args.corpus}", f"model.dtype={args.dtype}", *args.overrides]))
-    target, tokenizer = load_model(cfg.model)
-    target.requires_grad_(False)
-    samples = training_samples(cfg, target, tokenizer)
+    cfg, target, samples = training_setup(args.kind, args.corpus, args.dtype, args.overrides)
     n_val = cfg.drafter.val_sequences
     sets = {"validation": samples[:n_val], "training": samples[n_val:n_val + args.train_answers]}
     validate = eagle3_validation(location, target, cfg, args.dtype) if args.kind == "eagle3" else \
@@ -69,6 +56,25 @@ def main() -> None:
     for name, m in rows.items():
         # a set without one answer long enough for a DFlash block has no metrics: "-"
         print(f"{name:<11}" + "".join(f"{m[c]:>16.3f}" if c in m else f"{'-':>16}" for c in columns))
+
+
+def training_setup(kind: str, corpus: str, dtype: str, overrides: list[str] = ()):
+    """(training config, target, answers in the trainer's order: the held-out validation ones first) of a
+    `python -m pipeline.train drafter=<kind>` run on `corpus`, the target frozen."""
+    from hydra import compose, initialize_config_module
+    from omegaconf import OmegaConf
+
+    from pipeline.models import load_model
+    from pipeline.train.config import register_train_configs
+    from pipeline.train.trainer import training_samples
+
+    register_train_configs()
+    with initialize_config_module(config_module="conf.train", version_base="1.3"):
+        cfg = OmegaConf.to_object(compose("train", overrides=[
+            f"drafter={kind}", f"data.corpus={corpus}", f"model.dtype={dtype}", *overrides]))
+    target, tokenizer = load_model(cfg.model)
+    target.requires_grad_(False)
+    return cfg, target, training_samples(cfg, target, tokenizer)
 
 
 def eagle3_validation(location: str, target, cfg, dtype: str):

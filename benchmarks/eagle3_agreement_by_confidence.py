@@ -2,9 +2,10 @@
 target (the trainer's validation metric `val/top1_step0`, teacher-forced, T=0) split by how sure the target
 is of the token it predicts: the target's own top-1 probability at that position, in buckets.
 
-A drafter that agrees where the target is sure and not where it hesitates is limited by what it has to
-predict (a near-even choice between two tokens is hard to foresee from one layer); one that disagrees also
-where the target is sure has something left to learn. Run on the held-out validation answers
+Low agreement where the target hesitates is expected (a near-even choice is hard to foresee); low
+agreement where the target is sure is either what the drafter has not learned or what its inputs (the
+features up to x_t and the embedding of x_{t+1}; the target's confidence comes after reading x_{t+1}) do
+not determine. Run on the held-out validation answers
 (`drafter.val_sequences`, as the trainer picks them) unless `--train-answers N` picks the first N of the
 training pool instead.
 
@@ -30,23 +31,12 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
-    from hydra import compose, initialize_config_module
-    from omegaconf import OmegaConf
-
     from decoding.drafting.eagle3_drafter import load_eagle3
-    from pipeline.models import load_model
-    from pipeline.train.config import register_train_configs
+    from drafter_fit import training_setup  # this folder is on the path when a script here runs
     from pipeline.train.eagle3 import teacher_pass, ttt_steps
     from pipeline.train.exit_head import Readout
-    from pipeline.train.trainer import training_samples
 
-    register_train_configs()
-    with initialize_config_module(config_module="conf.train", version_base="1.3"):
-        cfg = OmegaConf.to_object(compose("train", overrides=[
-            "drafter=eagle3", f"data.corpus={args.corpus}", f"model.dtype={args.dtype}"]))
-    target, tokenizer = load_model(cfg.model)
-    target.requires_grad_(False)
-    samples = training_samples(cfg, target, tokenizer)
+    cfg, target, samples = training_setup("eagle3", args.corpus, args.dtype)
     n_val = cfg.drafter.val_sequences
     answers = samples[n_val:n_val + args.train_answers] if args.train_answers else samples[:n_val]
     drafter = load_eagle3(args.drafter, dtype=getattr(torch, args.dtype)).eval()
