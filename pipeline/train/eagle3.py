@@ -154,7 +154,7 @@ def feature_scale(mode: str, state_dir: Path, model: Eagle3Drafter, target, samp
     else:
         scale = feature_rms(target, samples[:count], layer_ids)
         atomic_save(scale, path)
-    if not fresh:
+    if not (fresh or resumed):  # a resume loads its weights, already in these coordinates, from its state
         with torch.no_grad():
             model.fc.weight.mul_(scale.to(model.fc.weight))
     return FeatureScale(scale)

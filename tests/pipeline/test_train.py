@@ -312,8 +312,8 @@ def test_eagle3_training_raises_chain_acceptance_and_decodes_as_method_eagle3(ti
 
 def test_eagle3_feature_scale_trains_in_scaled_coordinates_and_exports_the_plain_format(tiny_model_dirs, tmp_path):
     """drafter.feature_scale=rms: the scaled fc computes the function it had; the export folds the scale back
-    (its own validation reads the trainer's final metrics), a resume keeps the scale, and a state dir trained
-    one way refuses the other."""
+    (it reads raw features as the trained fc read scaled ones), a resume keeps the scale, a state dir trained
+    one way refuses the other (both ways), and a new drafter keeps its random start."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from decoding.drafting.eagle3_drafter import load_eagle3
