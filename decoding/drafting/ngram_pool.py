@@ -129,13 +129,9 @@ def bigram_redundancy(branches: Iterable[Sequence[int]], edges: Iterable[tuple[i
     """(total, duplicated) bigrams over the drafted branches of one step: a bigram is duplicated
     when another branch (or the same one) already drafted it. `edges` adds (parent, child) token
     pairs of a drafted tree, each counted once (a shared prefix is drafted once, not per leaf)."""
-    seen: set[tuple[int, int]] = set()
-    total = 0
     pairs = [pair for b in branches for pair in zip(b, b[1:])]
-    for pair in [*pairs, *edges]:
-        total += 1
-        seen.add(pair)
-    return total, total - len(seen)
+    pairs.extend(edges)
+    return len(pairs), len(pairs) - len(set(pairs))
 
 
 def record_redundancy(stats, total: int, duplicated: int) -> None:

@@ -21,6 +21,8 @@ import heapq
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from decoding.engine.tree import TokenTree
+
 
 @dataclass
 class DraftNode:
@@ -278,22 +280,25 @@ class TriePool:
         return strip(self.roots[root]) if root in self.roots else {}
 
 
-def graft_branches(pool: TriePool, root: int, budget: int, max_depth: int) -> list[list[int]]:
-    """Candidate branches for `root`, grown best-first by grafting pool subtrees: the children of a
+def graft_nodes(pool: TriePool, root: int, budget: int, max_depth: int) -> tuple[list[int], list[int]]:
+    """The candidate nodes for `root`, grown best-first by grafting pool subtrees: the children of a
     candidate path are the pool's continuations of its longest suffix found in the pool (the
     path's own root-keyed trie first, then shorter suffixes: subtrees that share a root token are
     joined, so the candidates go deeper than any single merged subtree). A child's cost is its
     rank among its siblings plus one per suffix token dropped; the `budget` cheapest paths win.
-    Returns root-to-leaf branches, cheapest first.
+    Returns (tokens, parents) in the order chosen (cheapest first), a parent being the index of an
+    earlier node or -1 for the root.
 
     Each candidate carries the trie nodes its suffixes reach (`alive`: (suffix start, node)), so a
     child's are its parent's advanced by one token: no suffix is walked again from its root."""
     def children(alive: list[tuple[int, dict]]) -> list[tuple[int, int]]:
+        grown = [(start, node["kids"]) for start, node in alive if node["kids"]]
+        if len(grown) == 1:  # one suffix continues (the common case): its ranks are the costs, in order
+            start, kids = grown[0]
+            ranked = sorted(kids, key=lambda tok: -kids[tok]["stamp"]) if len(kids) > 1 else kids
+            return [(tok, rank + start) for rank, tok in enumerate(ranked)]
         out: dict[int, int] = {}
-        for start, node in alive:  # longest suffix first
-            kids = node["kids"]
-            if not kids:
-                continue
+        for start, kids in grown:  # longest suffix first
             ranked = sorted(kids, key=lambda tok: -kids[tok]["stamp"])
             for rank, tok in enumerate(ranked):
                 out.setdefault(tok, rank + start)
@@ -305,29 +310,71 @@ def graft_branches(pool: TriePool, root: int, budget: int, max_depth: int) -> li
             moved.append((start, pool.roots[tok]))
         return moved
 
-    chosen: list[list[int]] = []
+    tokens: list[int] = []
+    parents: list[int] = []
+    depths: list[int] = []
     # Lazy k-best: only a path's cheapest unexplored child is in the heap, and popping a child pushes
-    # its next sibling. Entries: (cost, the parent's pop order, rank, parent cost, parent path, the
-    # parent's alive suffixes, the parent's children sorted by cost); the first three are the order in
-    # which pushing every child at once would pop them, so the result is the same with fewer pushes.
+    # its next sibling. Entries: (cost, the parent's pop order, rank, parent cost, the parent's alive
+    # suffixes, the parent's children sorted by cost); the first three are the order in which pushing
+    # every child at once would pop them, so the result is the same with fewer pushes. The parent's
+    # pop order is its node index (-1: the root).
     heap: list[tuple] = []
 
-    def push_first(kids, parent_cost: int, order: int, parent: list[int], alive) -> None:
+    def push_first(kids, parent_cost: int, order: int, alive) -> None:
         if kids:
-            heapq.heappush(heap, (parent_cost + kids[0][1], order, 0, parent_cost, parent, alive, kids))
+            heapq.heappush(heap, (parent_cost + kids[0][1], order, 0, parent_cost, alive, kids))
 
     start_alive = [(0, pool.roots[root])] if root in pool.roots else []
-    push_first(children(start_alive), 0, -1, [], start_alive)
-    while heap and len(chosen) < budget:
-        cost, order, rank, parent_cost, parent, parent_alive, kids = heapq.heappop(heap)
+    push_first(children(start_alive), 0, -1, start_alive)
+    while heap and len(tokens) < budget:
+        cost, parent, rank, parent_cost, parent_alive, kids = heapq.heappop(heap)
         if rank + 1 < len(kids):
-            heapq.heappush(heap, (parent_cost + kids[rank + 1][1], order, rank + 1, parent_cost, parent, parent_alive,
-                                  kids))
-        path = [*parent, kids[rank][0]]
-        chosen.append(path)
-        if len(path) < max_depth:
-            alive = advance(parent_alive, path[-1], len(path))
-            push_first(children(alive), cost, len(chosen) - 1, path, alive)
-    # a parent is always chosen before its children, so the leaves are the paths nobody extends
-    parents = {tuple(p[:-1]) for p in chosen}
-    return [p for p in chosen if tuple(p) not in parents]
+            heapq.heappush(heap, (parent_cost + kids[rank + 1][1], parent, rank + 1, parent_cost, parent_alive, kids))
+        tok = kids[rank][0]
+        depth = depths[parent] + 1 if parent >= 0 else 1
+        tokens.append(tok)
+        parents.append(parent)
+        depths.append(depth)
+        if depth < max_depth:
+            alive = advance(parent_alive, tok, depth)
+            push_first(children(alive), cost, len(tokens) - 1, alive)
+    return tokens, parents
+
+
+def graft_branches(pool: TriePool, root: int, budget: int, max_depth: int) -> list[list[int]]:
+    """`graft_nodes`' candidates as root-to-leaf branches, cheapest leaf first."""
+    tokens, parents = graft_nodes(pool, root, budget, max_depth)
+    inner = set(parents)
+    branches = []
+    for i in range(len(tokens)):
+        if i not in inner:  # a parent is always chosen before its children: the leaves are the unextended
+            path, node = [], i
+            while node >= 0:
+                path.append(tokens[node])
+                node = parents[node]
+            branches.append(path[::-1])
+    return branches
+
+
+def graft_tree(pool: TriePool, root: int, budget: int, max_depth: int) -> TokenTree:
+    """The verification tree of `graft_nodes`' candidates: node for node the tree
+    `candidate_tree(root, graft_branches(...), budget)` builds (its leaves' branches in order, each new
+    node where its branch first reaches it), without the branches' token tuples."""
+    tokens, parents = graft_nodes(pool, root, budget, max_depth)
+    inner = set(parents)
+    tree_tokens, tree_parents = [root], [-1]
+    placed = [0] * len(tokens)  # candidate -> tree node (0: not placed yet)
+    for leaf in range(len(tokens)):
+        if leaf in inner:
+            continue
+        chain, node = [], leaf
+        while node >= 0 and not placed[node]:
+            chain.append(node)
+            node = parents[node]
+        above = placed[node] if node >= 0 else 0
+        for node in reversed(chain):
+            placed[node] = len(tree_tokens)
+            tree_tokens.append(tokens[node])
+            tree_parents.append(above)
+            above = placed[node]
+    return TokenTree(tree_tokens, tree_parents)

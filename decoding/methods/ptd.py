@@ -38,7 +38,7 @@ import torch
 from decoding.engine.aux_rows import AuxRows
 from decoding.engine.loop import DecodeState, Method, Proposal, StepResult
 from decoding.drafting.ngram_pool import bigram_redundancy, candidate_tree, record_redundancy
-from decoding.drafting.ptd_tree import DraftForest, TriePool, graft_branches
+from decoding.drafting.ptd_tree import DraftForest, TriePool, graft_tree
 from decoding.engine.transfer import to_device, to_host
 from pipeline.errors import check_choice, check_range
 
@@ -102,10 +102,10 @@ class PTD(Method):
         for node, depth, anc in zip(self.forest.nodes, self.forest.depths(), self.forest.ancestors()):
             aux.add(node.token, depth, anc)  # forest index == aux row index
         if cfg.graft:
-            branches = graft_branches(self.pool, state.root, cfg.verification_budget, cfg.candidate_depth)
+            tree = graft_tree(self.pool, state.root, cfg.verification_budget, cfg.candidate_depth)
         else:
             branches = [tokens for _, tokens in self.pool.branches(state.root)]
-        tree = candidate_tree(state.root, branches, cfg.verification_budget)
+            tree = candidate_tree(state.root, branches, cfg.verification_budget)
         state.stats.add_extra("forward_rows", len(tree) + len(aux))
         return aux.proposal(tree)
 
@@ -150,11 +150,11 @@ class PTD(Method):
             self.merge_context(state.sequence, len(result.committed))
         tree, forest = result.proposal.tree, self.forest
         recycled, edge_logp, proposals = self.read_forward(result)
-        drafted: list[tuple[int, int]] = []  # (parent token, drafted token) of every row this forward grew
-        if cfg.recycle:  # the verification rows' own top-`width` next tokens
-            for tok, nxt in zip(tree.tokens, recycled):
-                self.pool.merge_leaves(tok, nxt, self.steps)
-                drafted += [(tok, t) for t in nxt]
+        # (parent token, drafted token) of every row this forward grew; first the verification rows' own
+        # top-`width` next tokens (recycle; empty without it)
+        drafted = [(tok, t) for tok, nxt in zip(tree.tokens, recycled) for t in nxt]
+        for tok, nxt in zip(tree.tokens, recycled):
+            self.pool.merge_leaves(tok, nxt, self.steps)
         if len(forest):
             children = (n for n in forest.nodes if n.parent >= 0)
             for n, logp in zip(children, edge_logp):  # refresh each edge's probability under the new root

@@ -13,7 +13,7 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 def test_host_overhead_prints_a_row_per_method_and_temperature_and_the_worst_last(tmp_path):
     proc = subprocess.run([sys.executable, "benchmarks/bench_host_overhead.py", "--methods", "ar,ptd", "--prompts", "2",
-                           "--max-new-tokens", "8", "--compiled", "", "--count-ops"], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600,
+                           "--max-new-tokens", "8", "--compiled", "", "--count-ops", "--repeats", "2"], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600,
                           env={"SPECDEC_CACHE": str(tmp_path), "PATH": "/usr/bin:/bin"})
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = proc.stdout.strip().splitlines()
@@ -26,6 +26,12 @@ def test_host_overhead_prints_a_row_per_method_and_temperature_and_the_worst_las
     assert ops[("ar", "0")] < 60
     worst = re.fullmatch(r"worst host overhead: (\w+) ([0-9.]+) ms/step", lines[-1])
     assert worst and float(worst.group(2)) == max(host.values())
+
+
+def test_repeats_below_one_is_one_error_line():
+    proc = subprocess.run([sys.executable, "benchmarks/bench_host_overhead.py", "--repeats", "0"], cwd=PROJECT_ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--repeats 0: needs at least 1" in proc.stderr
 
 
 def test_a_flat_cost_curve_grows_caddtree_to_its_cap(tmp_path):

@@ -7,7 +7,7 @@ import pytest
 from decoding.engine.loop import DecodeState, generate
 from decoding.methods.ptd import PTD, PTDConfig
 from decoding.drafting.ngram_pool import candidate_tree
-from decoding.drafting.ptd_tree import DraftForest, TriePool, graft_branches
+from decoding.drafting.ptd_tree import DraftForest, TriePool, graft_branches, graft_tree
 from pipeline.errors import ConfigError
 
 
@@ -316,3 +316,24 @@ def test_every_forward_grows_the_forest(tiny_llama, config):
     method._observe = counting
     generate(method, tiny_llama, [5, 6, 7, 5, 6, 8, 9, 5], max_new_tokens=24)
     assert len(grown) > 8 and all(count > 0 for count in grown)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_graft_tree_equals_the_trie_of_the_grafted_branches(seed):
+    """PTD verifies `graft_tree`, built from the candidates' parent links: node for node (tokens and
+    parents, so also the order sampling acceptance tries children in) the trie `candidate_tree` makes of
+    `graft_branches`."""
+    import random
+
+    rng = random.Random(seed)
+    pool = TriePool(cap=6)
+    for step in range(60):
+        pool.merge(rng.randrange(8), random_subtree(rng, rng.randint(1, 4), tokens=8, max_width=3), step)
+    sizes = []
+    for root in range(8):
+        for budget, depth in ((4, 3), (16, 6), (32, 8)):
+            tree = graft_tree(pool, root, budget, depth)
+            want = candidate_tree(root, graft_branches(pool, root, budget, depth), budget)
+            assert (tree.tokens, tree.parents) == (want.tokens, want.parents)
+            sizes.append(len(tree))
+    assert max(sizes) > 16  # grafted trees that branch and reach the larger budgets were compared
