@@ -140,7 +140,9 @@ def select_lanes(h, score, best, values, local, cand, table, w_hh_t, lanes: int)
     child = (score[:, None] + values.double()).reshape(-1)  # cumulative log-probs, float64 as the heap's sums
     child_ids = cand.index_select(0, local.reshape(-1))
     best = torch.topk(torch.cat([best, child]), lanes).values
-    top = torch.topk(child, lanes)  # sorted best first; ties keep the lower index (lane, then rank)
+    # sorted best first; which of exactly tied children are kept is topk's choice (no index order on a CPU or a
+    # GPU), so at ties the tree may keep other nodes of the same scores than the reference heap (tested)
+    top = torch.topk(child, lanes)
     keep = top.values >= best[-1:].clamp(min=-1e300)  # a dead lane (-inf) never reaches a finite threshold
     # the next lanes' GRU inputs: rows of the input table (W_ih . embed of every token)
     next_h = gru_cell(F.embedding(child_ids.index_select(0, top.indices), table),
