@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from decoding.drafting.eagle3_drafter import Eagle3Cache, Eagle3Drafter
+from decoding.engine.argmax import row_argmax
 from decoding.engine.transfer import to_host
 from decoding.engine.tree import TokenTree
 
@@ -76,11 +77,11 @@ def chain(drafter: Eagle3Drafter, cache: Eagle3Cache, h_last: torch.Tensor, embe
           length: int) -> tuple[TokenTree, int]:
     """`length` argmax drafts, each fed back with its own h (vLLM / SGLang chain mode)."""
     device = h_last.device
-    picks = [drafter.to_target_ids(drafter.logits(h_last[None])[0].argmax())]
+    picks = [drafter.to_target_ids(row_argmax(drafter.logits(h_last[None])[0]))]
     h = h_last[None]
     past_k, past_v = cache.keys, cache.values
     for i in range(length - 1):
         h, past_k, past_v = drafter.step(embed(picks[-1].view(1)), h,
                                          torch.full((1,), cache.length + i, device=device), past_k, past_v)
-        picks.append(drafter.to_target_ids(drafter.logits(h)[0].argmax()))
+        picks.append(drafter.to_target_ids(row_argmax(drafter.logits(h)[0])))
     return TokenTree.chain(root, to_host(torch.stack(picks))[0]), length - 1

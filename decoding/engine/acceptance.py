@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
+from decoding.engine.argmax import row_argmax
 from decoding.engine.sampling import Sampler, probabilities
 from decoding.engine.transfer import to_device, to_host
 from decoding.engine.tree import TokenTree
@@ -47,7 +48,7 @@ class Verdict:
 
 
 def accept_greedy(tree: TokenTree, logits: torch.Tensor) -> Verdict:
-    best = logits[: len(tree)].argmax(-1).tolist()  # one host sync for the whole tree
+    best = row_argmax(logits[: len(tree)]).tolist()  # one host sync for the whole tree
     tokens, children = tree.tokens, tree.children
     node, path = 0, [0]
     while True:

@@ -25,6 +25,8 @@ import zlib
 
 import torch
 
+from decoding.engine.argmax import row_argmax
+
 
 class Sampler:
     def __init__(self, seed: int, device: torch.device | str = "cpu"):
@@ -111,7 +113,7 @@ class ChainDraws:
         """The next position's token (a device scalar) from its logits [V]."""
         if not self.sampled:
             self.rows.append(logits)
-            return logits.argmax()
+            return row_argmax(logits)
         self.rows.append(probabilities(logits, self.temperature))
         return self.sampler.categorical(self.rows[-1], self.uniforms[len(self.rows) - 1])
 

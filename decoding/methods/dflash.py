@@ -15,6 +15,7 @@ from typing import Optional
 
 import torch
 
+from decoding.engine.argmax import row_argmax
 from decoding.methods.block_draft import BlockDraftMethod, check_verify
 from decoding.engine.loop import DecodeState, Proposal
 from decoding.engine.transfer import to_host
@@ -44,7 +45,7 @@ class DFlash(BlockDraftMethod):
     def propose(self, state: DecodeState) -> Proposal:
         logits = self.draft_pass(state).logits
         if state.greedy or not self.config.sample_draft:
-            return Proposal(TokenTree.chain(state.root, logits.argmax(-1).tolist()), hidden_layers=self.taps)
+            return Proposal(TokenTree.chain(state.root, row_argmax(logits).tolist()), hidden_layers=self.taps)
         probs = torch.softmax(logits / state.temperature, dim=-1)
         drafts = to_host(state.sampler.for_device(probs.device).categorical(probs))[0]
         return self.sampled_chain(state, drafts, probs)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from decoding.engine.argmax import row_argmax
 from decoding.engine.aux_rows import AuxRows
 from decoding.engine.loop import DecodeState, Method, Proposal, StepResult
 from decoding.drafting.ngram_pool import NGramPool, bigram_redundancy, candidate_tree, record_redundancy
@@ -79,7 +80,7 @@ class Lookahead(Method):
     def observe(self, state: DecodeState, result: StepResult) -> None:
         cfg = self.config
         start, end = self._last_level_rows
-        new = result.aux_logits()[start:end].argmax(-1).tolist()  # one Jacobi iteration (argmax, also at T>0)
+        new = row_argmax(result.aux_logits()[start:end]).tolist()  # one Jacobi iteration (argmax, also at T>0)
         if not self.warm:
             # warm-up: every level moves one column left; the new level keeps len(level 0) + 1 columns
             self.levels = [lv[1:] for lv in self.levels]

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from decoding.engine.argmax import row_argmax
 from decoding.engine.aux_rows import AuxRows
 from decoding.engine.loop import DecodeState, Method, Proposal, StepResult
 from decoding.drafting.ngram_pool import CorpusNGrams, NGramPool, bigram_redundancy, candidate_tree, record_redundancy
@@ -166,7 +167,7 @@ class SelfDraft(Method):
         return found
 
     def observe(self, state: DecodeState, result: StepResult) -> None:
-        best = result.output.logits.argmax(-1).tolist()  # argmax of every row, one host copy (also at T > 0)
+        best = row_argmax(result.output.logits).tolist()  # argmax of every row, one host copy (also at T > 0)
         out, root_next = best[len(result.proposal.tree):], best[0]
         if not self.levels:  # first step: level 1 = the prediction after each prefix
             self.levels = [[out[rows[-1]] for rows in self.column_rows]]

@@ -34,6 +34,7 @@ from typing import Optional
 import torch
 
 from decoding.drafting.drafter import Drafter, DrafterConfig, build_drafter
+from decoding.engine.argmax import row_argmax
 from decoding.engine.loop import (DecodeState, Method, Proposal, commit, committed_drafts, forward_proposal,
                                   verify)
 from decoding.drafting.routing import kept_layers, load_mask, random_mask
@@ -129,7 +130,7 @@ class VIASD(Method):
         x = to_device(drafts, s.device)[:, None]
         s_drafts = s[:gamma]
         px, sx = p.gather(1, x)[:, 0], s_drafts.gather(1, x)[:, 0]
-        s_top = s.argmax(-1)
+        s_top = row_argmax(s)
         picks_x = s_top[:gamma] == x[:, 0]
         confident = s_drafts.amax(-1) >= cfg.slim_threshold  # amax: ~9x cheaper than max().values on a CPU
         if state.greedy:
