@@ -1,10 +1,10 @@
 """`row_argmax`: `x.argmax(-1)`, exactly (the first index of each row's maximum, NaN counting as the
 maximum), at the speed of a vectorised reduction on a CPU.
 
-Why: PyTorch's CPU argmax is not vectorised (torch 2.13 on this AMD EPYC, one thread: about 1 ns per entry
-in fp32, 4 ns in bf16, while `amax` runs at about 0.05 ns), so the greedy check of a 40-row verification block
-over SmolLM2's 49k vocabulary took 3 ms in fp32 and 7 ms in bf16 per step, a sizeable part of a step that a
-tree method pays and AR (one row) hardly does. On a CPU a wide row is therefore split into blocks: `amax` per
+Why: PyTorch's CPU argmax is not vectorised, `amax` is (torch 2.13 on this AMD EPYC, one thread: argmax over a
+40 x 49k block took 1.6 ms in fp32 and 7 ms in bf16, `bench_argmax.py`), so the greedy check of a verification
+tree over a real vocabulary is a sizeable part of a step that a tree method pays and AR (one row) hardly
+does. On a CPU a wide row is therefore split into blocks: `amax` per
 block (vectorised), the first block holding the row's maximum (argmax over the few block maxima), and the
 first index of the maximum within it. The result is argmax's: the first block holding the maximum contains
 its first index. Other devices run plain argmax (one kernel; the result is the same).
@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
-BLOCK = 128  # entries per block (the fastest of 32, 64 and 128 in bench_argmax.py on this CPU)
-MIN_WIDTH = 4096  # narrower rows: plain argmax (the blocks' extra calls cost more than they save)
+BLOCK = 128  # entries per block (a one-off timing on this CPU: 64 and 32 were slower)
+MIN_WIDTH = 4096  # narrower rows: plain argmax (at 512 entries the blocks' extra calls cost about what they save)
 
 
 def row_argmax(x: torch.Tensor) -> torch.Tensor:

@@ -168,12 +168,31 @@ def test_fast_builder_builds_exactly_the_reference_trees(seed, dtype, whole, tin
     np.testing.assert_allclose(fast.scores, ref.scores, atol=1e-5)
 
 
+def domino_path_score(drafter, embed, z, base, root: int, path: tuple, m: int) -> float:
+    """A path's cumulative score computed on its own: per depth, the uncorrected log-prob of its token, or the
+    corrected one among the depth's top-`m` candidates given the GRU state of the path above it."""
+    total = 0.0
+    with torch.no_grad():
+        for d, tok in enumerate(path):
+            if d < drafter.spec.pure_draft_prefix_len:
+                total += float(torch.log_softmax(base[d].float(), -1)[tok])
+                continue
+            h = gru_path_state(drafter.prefix_gru, embed(torch.tensor((root,) + path[:d])))
+            cand = torch.topk(base[d], m).indices
+            s = base[d][cand] + correction(drafter.embed_proj, z[d][None], h[None], cand)[0]
+            where = (cand == tok).nonzero()
+            assert len(where) == 1, f"token {tok} at depth {d + 1} is not among the depth's candidates"
+            total += float(torch.log_softmax(s, -1)[where[0, 0]])
+    return total
+
+
 @pytest.mark.parametrize("whole", [False, True], ids=["by_depth", "whole_tree"])
 @pytest.mark.parametrize("prefix", [1, 2, 7])
 def test_under_exact_ties_the_builders_trees_score_the_same_at_every_rank(prefix, whole, tiny_drafter):
     """The stated tolerance of the fast builder: coarse base logits (exact ties, as bf16 logits have; the
     uncorrected depths' children tie outright) give trees whose scores are the reference's at every rank of
-    the best-first order, with valid parent links, while the nodes kept among equal scores may differ: the
+    the best-first order, each node's score being its own path's (so its parent link is the one scored), while the
+    nodes kept among equal scores may differ: the
     reference heap breaks a tie by push order, the lanes by `torch.topk`, which keeps no index order for ties
     on a CPU either (`torch.topk(tensor([1., 2., 2., 2.]), 2)` gives indices 2 and 3 here)."""
     from decoding.engine.cuda_graph import GraphReplayer
@@ -190,8 +209,9 @@ def test_under_exact_ties_the_builders_trees_score_the_same_at_every_rank(prefix
         assert len(fast.tree) == len(ref.tree) == 25
         np.testing.assert_allclose(fast.scores, ref.scores, atol=1e-5)
         assert sorted(ref.scores, reverse=True) == ref.scores  # best-first: comparing rank by rank is meaningful
-        for built in (fast, ref):  # each node scores its parent's plus its own log-probability (<= 0)
-            assert all(built.scores[i] <= built.scores[p] + 1e-9 for i, p in enumerate(built.tree.parents) if p >= 0)
+        for built in (fast, ref):  # every node's path scores what the path's own conditional log-probs sum to
+            for path, score in tree_paths(built).items():
+                assert score == pytest.approx(domino_path_score(drafter, embed, z, base, 5, path, 12), abs=1e-4)
         tied += len(set(ref.scores)) < len(ref.scores)
     assert tied >= 3  # most cases hold exact ties inside the tree
 

@@ -27,8 +27,9 @@ def test_ties_give_the_first_index_as_argmax_does(dtype):
     assert row_argmax(y).tolist() == y.argmax(-1).tolist() == [3, 5 * BLOCK - 1, 10 * BLOCK + 3, 0]
 
 
-def test_nan_counts_as_the_maximum_as_in_argmax():
-    x = torch.randn(3, 2 * MIN_WIDTH)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_nan_counts_as_the_maximum_as_in_argmax(dtype):
+    x = torch.randn(3, 2 * MIN_WIDTH).to(dtype)
     x[0, 5000] = float("nan")
     x[1, [100, 7000]] = float("nan")
     assert torch.equal(row_argmax(x), x.argmax(-1))
