@@ -28,7 +28,6 @@ from __future__ import annotations
 import logging
 import random
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -39,7 +38,8 @@ from decoding.drafting.eagle3_drafter import (Eagle3Drafter, Eagle3Spec, default
 from pipeline.errors import ConfigError
 from pipeline.train.config import TrainConfig
 from pipeline.train.exit_head import Readout
-from pipeline.train.trainer import (atomic_save, autocast, check_leg, learning_rate, make_wandb, progress_bar,
+from pipeline.train.feature_scale import FeatureScale, rms_of_rows, run_feature_scale
+from pipeline.train.trainer import (autocast, check_leg, learning_rate, make_wandb, progress_bar,
                                     publish, resume_state, _rope_theta, save_state, start_run,
                                     target_final_norm_gain, training_record, training_samples)
 
@@ -90,74 +90,16 @@ def teacher_pass(target, ids: torch.Tensor, layer_ids: list[int]) -> tuple[torch
     return feats, out.hidden_states[-1][0].float()
 
 
-class FeatureScale:
-    """`drafter.feature_scale=rms` (ours; EAGLE-3 and SpecForge feed fc the raw features): fc trains on the
-    target's features divided per dimension by their RMS over answer positions, its columns multiplied by the
-    same RMS, so the drafter computes the same function. Why: the tapped layers' features differ in scale by
-    orders of magnitude (SmolLM2-135M: median RMS 1.2 at layer 1, 13.7 at layer 26, one dimension near 360 on
-    every token), and Adam moves every weight by about the same step, so fc's output follows a large
-    dimension hundreds of times faster than a small one. Exports fold the scale back into fc (the published
-    format has none); the training state keeps the scaled weights and the scale, so a resume continues in the
-    same coordinates. `none`: a scale of ones (dividing by it changes nothing)."""
-
-    def __init__(self, scale: torch.Tensor):
-        self.scale = scale
-
-    def features(self, feats: torch.Tensor) -> torch.Tensor:
-        return feats / self.scale.to(feats)
-
-    @contextmanager
-    def folded(self, model: Eagle3Drafter):
-        """The model with fc in the raw features' coordinates (for an export), restored bit for bit after."""
-        trained = model.fc.weight.detach().clone()
-        with torch.no_grad():
-            model.fc.weight.div_(self.scale.to(trained))
-        try:
-            yield model
-        finally:
-            with torch.no_grad():
-                model.fc.weight.copy_(trained)
-
-
 @torch.no_grad()
 def feature_rms(target, samples: list[dict], layer_ids: list[int]) -> torch.Tensor:
-    """Per-dimension RMS [3H] of the tapped features over the rows that predict answer tokens, floored at a
-    hundredth of the median (a dimension silent in these answers must not blow up elsewhere)."""
-    total, rows = None, 0
-    for s in samples:
-        feats, _ = teacher_pass(target, s["ids"], layer_ids)
-        answer = feats[max(s["prompt_len"] - 1, 0):]
-        total = answer.pow(2).sum(0) + (0 if total is None else total)
-        rows += len(answer)
-    rms = (total / max(rows, 1)).sqrt()
-    return rms.clamp(min=0.01 * float(rms.median())).cpu()
+    """Per-dimension RMS [3H] of the tapped features over the rows that predict answer tokens."""
+    return rms_of_rows(teacher_pass(target, s["ids"], layer_ids)[0][max(s["prompt_len"] - 1, 0):] for s in samples)
 
 
 def feature_scale(mode: str, state_dir: Path, model: Eagle3Drafter, target, samples: list[dict],
                   layer_ids: list[int], fresh: bool, count: int = 32) -> FeatureScale:
-    """The run's FeatureScale: the state dir's (a resume) or measured on the first `count` training answers
-    and saved there. A trained drafter's fc is moved into its coordinates (same function); a `fresh` one
-    keeps its random start, drawn as it is in the scaled coordinates (multiplied, the columns of large
-    features would start far larger than Adam's steps can move in a short run)."""
-    path = state_dir / "feature_scale.pt"
-    resumed = (state_dir / "train_state.pt").exists()
-    if resumed and path.exists() != (mode == "rms"):
-        raise ConfigError(f"drafter.feature_scale={mode}: drafter.state_dir={state_dir} holds a run trained with "
-                          f"feature_scale={'rms' if path.exists() else 'none'}: set that, or give this run its own "
-                          "state_dir")
-    if not resumed:
-        path.unlink(missing_ok=True)  # left by a run stopped before its first checkpoint
-    if mode == "none":
-        return FeatureScale(torch.ones(model.fc.in_features))
-    if resumed:
-        scale = torch.load(path)
-    else:
-        scale = feature_rms(target, samples[:count], layer_ids)
-        atomic_save(scale, path)
-    if not (fresh or resumed):  # a resume loads its weights, already in these coordinates, from its state
-        with torch.no_grad():
-            model.fc.weight.mul_(scale.to(model.fc.weight))
-    return FeatureScale(scale)
+    """The run's FeatureScale (pipeline/train/feature_scale.py), measured on the first `count` training answers."""
+    return run_feature_scale(mode, state_dir, model, lambda: feature_rms(target, samples[:count], layer_ids), fresh)
 
 
 def ttt_hidden(drafter: Eagle3Drafter, embed, feats, ids, ttt_length: int):
