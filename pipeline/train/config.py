@@ -67,9 +67,9 @@ class DrafterTrainConfig:
     ttt_length: int = 7  # eagle3: training-time-test steps (EAGLE-3 / SpecForge: 7)
     head_init: str = "random"  # eagle3: random (EAGLE-3, SpecForge) | target (its lm_head rows and final norm, trained)
     ttt_decay: float = 0.8  # eagle3: weight decay^j of step j's loss (EAGLE main.py, SpecForge ploss_decay)
-    # eagle3: none (EAGLE-3, SpecForge: fc reads the raw features) | rms: fc trains on features divided per dimension
-    # by their RMS over answer positions, its columns multiplied back so the exported drafter is unchanged in format
-    # (an optimizer preconditioning of ours; pipeline/train/eagle3.py `FeatureScale`)
+    # eagle3, dflash, domino: none (EAGLE-3, SpecForge, z-lab: fc reads the raw features) | rms: fc trains on features
+    # divided per dimension by their RMS over answer positions, its columns multiplied back so the exported drafter
+    # is unchanged in format (an optimizer preconditioning of ours; pipeline/train/feature_scale.py)
     feature_scale: str = "none"
     max_train_len: int = 2048  # tokens per training sequence (EAGLE: max_len 2048)
     # matmuls in bf16, weights/optimizer fp32; null = where bf16 is native (GPU cc >= 8.0, CPU avx512_bf16/AMX)

@@ -5,7 +5,9 @@ median RMS 1.2 at layer 1, 13.7 at layer 26, one dimension near 360 on every tok
 weight by about the same step, so fc's output follows a large dimension hundreds of times faster than a
 small one. Exports fold the scale back into fc (the published formats have none); the training state keeps
 the scaled weights and the scale (`feature_scale.pt` in the state dir), so a resume continues in the same
-coordinates. Used by the EAGLE-3 trainer (pipeline/train/eagle3.py)."""
+coordinates. Used by the EAGLE-3 trainer (pipeline/train/eagle3.py) and the DFlash/Domino one
+(pipeline/train/trainer.py: a fresh DFlash drafter then skips `init_from_data`'s column scaling, the raw
+coordinates' version of the same idea; Domino moves its trained backbone's fc into the scaled coordinates)."""
 
 from __future__ import annotations
 

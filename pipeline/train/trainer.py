@@ -24,6 +24,7 @@ from pipeline.errors import ConfigError
 from pipeline.models import cpu_has_native_bf16, cuda_has_native_bf16, load_model, stop_token_ids
 from pipeline.train.config import TrainConfig
 from pipeline.train.data import build_dataset, load_samples
+from pipeline.train.feature_scale import FeatureScale, rms_of_rows, run_feature_scale
 from pipeline.train.objectives import dflash_loss, domino_loss, sample_blocks
 from pipeline.train.prompts import training_prompts
 
@@ -49,16 +50,18 @@ def new_drafter(cfg: TrainConfig, target_config) -> DFlashDrafter:
 
 
 @torch.no_grad()
-def init_from_data(model: DFlashDrafter, samples: list[dict], target) -> None:
+def init_from_data(model: DFlashDrafter, samples: list[dict], target, columns: bool = True) -> None:
     """Data-dependent start (weights only; the checkpoint format is unchanged): the tapped features
     have a few huge constant dimensions (attention-sink style outliers: one dimension of layer 27
     averages ~450 while the median spread is ~14), which would make every fused context row point
     the same way; scaling fc's input columns by 1/std of each feature lets every dimension count
-    from the first step. The output norm starts with the target's final norm's gain, since the
-    drafter's output is read by the target's lm_head."""
-    feats = torch.cat([s["hidden"][1:].reshape(len(s["hidden"]) - 1, -1).float() for s in samples[:64]])
-    std = feats.std(dim=0).clamp(min=1e-3)
-    model.fc.weight.mul_((std.median() / std)[None].to(model.fc.weight.dtype))
+    from the first step (`columns`; not with drafter.feature_scale=rms, whose features are scaled
+    already). The output norm starts with the target's final norm's gain, since the drafter's output
+    is read by the target's lm_head."""
+    if columns:
+        feats = torch.cat([s["hidden"][1:].reshape(len(s["hidden"]) - 1, -1).float() for s in samples[:64]])
+        std = feats.std(dim=0).clamp(min=1e-3)
+        model.fc.weight.mul_((std.median() / std)[None].to(model.fc.weight.dtype))
     gain = target_final_norm_gain(target, model.norm.weight.numel())
     if gain is not None:
         model.norm.weight.copy_(gain.to(model.norm.weight))
@@ -252,6 +255,21 @@ def with_taps(sample: dict, target, layers: list[int], max_len: int | None = Non
     return {**sample, "ids": ids, "hidden": hidden.to(torch.float16).cpu()}
 
 
+def hidden_rms(samples) -> torch.Tensor:
+    """Per-dimension RMS [k*H] of fc's input (the tapped layers' features, as `drafter_forward` flattens
+    them) over the rows that predict answer tokens (feature_scale.py)."""
+    return rms_of_rows(s["hidden"][max(s["prompt_len"] - 1, 0):].reshape(-1, s["hidden"][0].numel()) for s in samples)
+
+
+def scaled_taps(sample: dict, scale: FeatureScale) -> dict:
+    """`sample` with its tapped features in fc's training coordinates (float32; unchanged for a scale of ones)."""
+    if bool((scale.scale == 1).all()):
+        return sample
+    hidden = sample["hidden"]
+    flat = scale.features(hidden.reshape(len(hidden), -1).float())
+    return {**sample, "hidden": flat.view(hidden.shape)}
+
+
 def autocast(cfg, device):
     """bf16 matmuls while training (`drafter.bf16_autocast`; weights, optimizer and losses stay fp32):
     on a CPU with native bf16 or a GPU they are ~2x cheaper; on a CPU without it (AVX2 only) bf16 is
@@ -354,10 +372,14 @@ def train(cfg: TrainConfig, run_config: dict, show_progress: bool = True) -> dic
     check_leg(state_dir, out_dir, d.init_from, init_folder, prior_steps)
     layers = list(model.spec.target_layer_ids)  # a checkpoint's own taps (Domino's backbone, a continued leg)
     samples = training_samples(cfg, target, tokenizer, layers)
-    taps = lambda sample: with_taps(sample, target, layers, d.max_train_len)  # noqa: E731 - the corpus: recomputed
+    raw_taps = lambda sample: with_taps(sample, target, layers, d.max_train_len)  # noqa: E731 - the corpus: recomputed
+    fresh = d.kind == "dflash" and not continued
+    scale = run_feature_scale(d.feature_scale, state_dir, model, lambda: hidden_rms(map(raw_taps, samples[
+        d.val_sequences:d.val_sequences + 32])), fresh)
+    taps = lambda sample: scaled_taps(raw_taps(sample), scale)  # noqa: E731 - fc's coordinates (feature_scale)
     val, train_set = [taps(s) for s in samples[:d.val_sequences]], samples[d.val_sequences:]
-    if d.kind == "dflash" and not continued:
-        init_from_data(model, [taps(s) for s in train_set[:64]], target)
+    if fresh:  # rms: the random start is drawn in the scaled coordinates, as EAGLE-3's (feature_scale.py)
+        init_from_data(model, [taps(s) for s in train_set[:64]], target, columns=d.feature_scale == "none")
     model.train()
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=d.lr, weight_decay=0.01)
     resume_path = state_dir / "train_state.pt"
@@ -369,7 +391,8 @@ def train(cfg: TrainConfig, run_config: dict, show_progress: bool = True) -> dic
 
     def checkpoint(final: bool = False) -> dict:
         save_state(resume_path, model, optimizer, step, elapsed)
-        save_drafter(model, out_dir)
+        with scale.folded(model):
+            save_drafter(model, out_dir)
         metrics = validate(model.eval(), embed, lm_head, val, cfg) if final or step % (5 * d.checkpoint_every) == 0 else {}
         model.train()
         return metrics
@@ -409,7 +432,7 @@ def train(cfg: TrainConfig, run_config: dict, show_progress: bool = True) -> dic
     final = checkpoint(final=True)
     summary = {"kind": d.kind, "steps": prior_steps + step,
                "train_minutes": round(prior.get("train_minutes", 0) + elapsed / 60, 1), "sequences": len(train_set),
-               "tokens": sum(len(s["ids"]) for s in samples),
+               "tokens": sum(len(s["ids"]) for s in samples), "feature_scale": d.feature_scale,
                **({"init_from": d.init_from, "init_steps": prior_steps, "leg_steps": step} if continued else {}),
                **{k: round(v, 4) for k, v in final.items()}}
     return publish(summary, out_dir, wb)

@@ -78,6 +78,56 @@ def test_train_both_stages_export_and_resume(tiny_model_dirs, tmp_path):
         train(cfg, {}, show_progress=False)
 
 
+def test_block_drafters_feature_scale_trains_fc_in_scaled_coordinates_and_exports_the_plain_format(tiny_model_dirs,
+                                                                                                    tmp_path):
+    """drafter.feature_scale=rms for DFlash and Domino (pipeline/train/feature_scale.py): the export is the
+    trained state with the scale folded back into fc (it reads raw features as the trained fc read scaled
+    ones), a resume keeps the scale, and Domino moves its trained DFlash backbone into the scaled coordinates
+    without changing its function."""
+    from decoding.drafting.dflash_drafter import load_drafter
+    from pipeline.train.objectives import drafter_forward, sample_blocks
+    from pipeline.train.trainer import scaled_taps, train, with_taps
+    from pipeline.train.feature_scale import FeatureScale
+
+    summaries = {}
+    for kind in ("dflash", "domino"):
+        overrides = tiny_overrides(tiny_model_dirs["llama"], tmp_path, kind, steps=2) + ["drafter.feature_scale=rms"]
+        summaries[kind] = train(compose_train(overrides), {}, show_progress=False)
+        assert summaries[kind]["feature_scale"] == "rms"
+        saved = torch.load(tmp_path / "state" / kind / "feature_scale.pt")
+        state = torch.load(tmp_path / "state" / kind / "train_state.pt", weights_only=False)["model"]
+        exported = load_drafter(str(tmp_path / kind), dtype=torch.float32)
+        assert saved.shape == (2 * exported.spec.hidden_size,) and not torch.allclose(saved, torch.ones(1))  # 2 taps
+        assert torch.equal(exported.fc.weight, (state["fc.weight"] / saved).to(torch.bfloat16).float())
+        feats = torch.randn(5, len(saved)) * saved  # raw features of the features' own scales
+        with torch.no_grad():
+            torch.testing.assert_close(exported.fc(feats), FeatureScale(saved).features(feats) @ state["fc.weight"].t(),
+                                       rtol=2e-2, atol=2e-2)
+    # Domino started from the exported (raw) DFlash: its fc moved into the scaled coordinates, same function
+    from transformers import AutoModelForCausalLM
+
+    target = AutoModelForCausalLM.from_pretrained(tiny_model_dirs["llama"], dtype=torch.float32).eval()
+    backbone = load_drafter(str(tmp_path / "dflash"), dtype=torch.float32).eval()
+    scale = FeatureScale(torch.load(tmp_path / "state" / "domino" / "feature_scale.pt"))
+    moved = load_drafter(str(tmp_path / "dflash"), dtype=torch.float32).eval()
+    with torch.no_grad():
+        moved.fc.weight.mul_(scale.scale)
+    sample = with_taps({"ids": torch.arange(3, 15), "prompt_len": 4}, target, [0, 2])
+    blocks = sample_blocks(sample["ids"], 4, 4, 3, 7.0, False, torch.Generator().manual_seed(0))
+    embed = target.get_input_embeddings()
+    with torch.no_grad():
+        torch.testing.assert_close(drafter_forward(moved, embed, scaled_taps(sample, scale), blocks, 0),
+                                   drafter_forward(backbone, embed, sample, blocks, 0), rtol=1e-4, atol=1e-4)
+    # a resume keeps the scale; a state dir trained one way refuses the other
+    more = tiny_overrides(tiny_model_dirs["llama"], tmp_path, "dflash", steps=3)
+    before = torch.load(tmp_path / "state" / "dflash" / "feature_scale.pt")
+    assert train(compose_train(more + ["drafter.feature_scale=rms"]), {}, show_progress=False)["steps"] == 3
+    assert torch.equal(torch.load(tmp_path / "state" / "dflash" / "feature_scale.pt"), before)
+    with pytest.raises(ConfigError, match="feature_scale=rms"):
+        train(compose_train(tiny_overrides(tiny_model_dirs["llama"], tmp_path, "dflash", steps=4)), {},
+              show_progress=False)
+
+
 def test_dflash_init_from_continues_a_trained_checkpoint_as_a_new_leg(tiny_model_dirs, tmp_path, monkeypatch, caplog):
     """drafter=dflash drafter.init_from=<checkpoint>: the checkpoint's weights and architecture (its taps and
     mask token, not the run's), a fresh optimizer and schedule; training.json counts steps and minutes in total; a
