@@ -64,6 +64,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.repeats < 1:
         ap.error(f"--repeats {args.repeats}: needs at least 1")
+    check_method_names(ap, args.methods, args.compiled)
     torch.set_num_threads(args.threads)
     folder = tempfile.mkdtemp(prefix="host_overhead_")
     os.environ.setdefault("SPECDEC_CACHE", folder)  # the CaDDTree cost profile of the random model
@@ -104,6 +105,23 @@ def main() -> None:
     name, temperature, worst = max(rows, key=lambda row: row[2]["host_ms"])
     print(f"(worst at T={temperature:g}; goal <= 0.5 ms/step)")
     print(f"worst host overhead: {name} {worst['host_ms']:.3f} ms/step")
+
+
+def check_method_names(ap: argparse.ArgumentParser, methods: str, compiled: str) -> None:
+    """One error line for an unknown method, or a --compiled one whose config has no `compile` option."""
+    from dataclasses import fields
+
+    from decoding import method_configs
+    from pipeline.zoo import BASE_METHOD
+
+    unknown = [m for m in (methods + "," + compiled).split(",") if m and m not in METHODS]
+    if unknown:
+        ap.error(f"unknown method {unknown[0]!r}; known: {', '.join(METHODS)}")
+    configs = method_configs()
+    compilable = [m for m in METHODS if any(f.name == "compile" for f in fields(configs[BASE_METHOD.get(m, m)]))]
+    for name in (m for m in compiled.split(",") if m):
+        if name not in compilable:
+            ap.error(f"--compiled {name}: its config has no compile option; methods with one: {', '.join(compilable)}")
 
 
 def flat_cost_model(max_budget: int):

@@ -34,6 +34,16 @@ def test_repeats_below_one_is_one_error_line():
     assert proc.returncode == 2 and "--repeats 0: needs at least 1" in proc.stderr
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--methods", "ar,nope"], "unknown method 'nope'"),
+    (["--compiled", "dominotree"], "--compiled dominotree: its config has no compile option; methods with one: domino")])
+def test_a_bad_method_name_is_one_error_line_before_anything_runs(args, message):
+    proc = subprocess.run([sys.executable, "benchmarks/bench_host_overhead.py", *args], cwd=PROJECT_ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.stdout == ""  # nothing measured: no model built, no row printed
+
+
 def test_a_flat_cost_curve_grows_caddtree_to_its_cap(tmp_path):
     """--flat-cost: the verify cost of a GPU (flat in the node count), so CaDDTree's trees reach max_budget."""
     proc = subprocess.run([sys.executable, "benchmarks/bench_host_overhead.py", "--methods", "caddtree", "--prompts", "1",
