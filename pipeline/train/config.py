@@ -8,7 +8,7 @@ from typing import Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from pipeline.errors import check_choice, check_range
+from pipeline.errors import ConfigError, check_choice, check_range
 from pipeline.models import ModelConfig
 from pipeline.schema import TrackerConfig
 
@@ -68,8 +68,9 @@ class DrafterTrainConfig:
     head_init: str = "random"  # eagle3: random (EAGLE-3, SpecForge) | target (its lm_head rows and final norm, trained)
     ttt_decay: float = 0.8  # eagle3: weight decay^j of step j's loss (EAGLE main.py, SpecForge ploss_decay)
     # eagle3, dflash, domino: none (EAGLE-3, SpecForge, z-lab: fc reads the raw features) | rms: fc trains on features
-    # divided per dimension by their RMS over answer positions, its columns multiplied back so the exported drafter
-    # is unchanged in format (an optimizer preconditioning of ours; pipeline/train/feature_scale.py)
+    # divided per dimension by their RMS over answer positions (a trained drafter's fc columns multiplied by it at the
+    # start), divided back out at every export, so the published format is unchanged (an optimizer preconditioning of
+    # ours; pipeline/train/feature_scale.py)
     feature_scale: str = "none"
     max_train_len: int = 2048  # tokens per training sequence (EAGLE: max_len 2048)
     # matmuls in bf16, weights/optimizer fp32; null = where bf16 is native (GPU cc >= 8.0, CPU avx512_bf16/AMX)
@@ -79,6 +80,9 @@ class DrafterTrainConfig:
         check_choice("drafter.kind", self.kind, ("dflash", "domino", "exit_head", "eagle3"))
         check_choice("drafter.head_init", self.head_init, ("random", "target"))
         check_choice("drafter.feature_scale", self.feature_scale, ("none", "rms"))
+        if self.kind == "exit_head" and self.feature_scale != "none":
+            raise ConfigError(f"drafter.feature_scale={self.feature_scale}: the exit head reads no tapped features "
+                              "through an fc; use it with drafter=eagle3, dflash or domino")
         check_range("drafter.ttt_length", self.ttt_length, 1)
         check_range("drafter.draft_vocab_size", self.draft_vocab_size, 2)
         check_range("drafter.exit_layer", self.exit_layer, 1)

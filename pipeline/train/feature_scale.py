@@ -6,8 +6,9 @@ weight by about the same step, so fc's output follows a large dimension hundreds
 small one. Exports fold the scale back into fc (the published formats have none); the training state keeps
 the scaled weights and the scale (`feature_scale.pt` in the state dir), so a resume continues in the same
 coordinates. Used by the EAGLE-3 trainer (pipeline/train/eagle3.py) and the DFlash/Domino one
-(pipeline/train/trainer.py: a fresh DFlash drafter then skips `init_from_data`'s column scaling, the raw
-coordinates' version of the same idea; Domino moves its trained backbone's fc into the scaled coordinates)."""
+(pipeline/train/trainer.py: a fresh DFlash drafter then skips `scale_fc_columns`, its default one-off
+rescaling of fc's random start by median(std)/std; Domino moves its trained backbone's fc into the scaled
+coordinates)."""
 
 from __future__ import annotations
 

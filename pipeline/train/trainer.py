@@ -50,18 +50,22 @@ def new_drafter(cfg: TrainConfig, target_config) -> DFlashDrafter:
 
 
 @torch.no_grad()
-def init_from_data(model: DFlashDrafter, samples: list[dict], target, columns: bool = True) -> None:
-    """Data-dependent start (weights only; the checkpoint format is unchanged): the tapped features
+def scale_fc_columns(model: DFlashDrafter, samples: list[dict]) -> None:
+    """Data-dependent start of fc (weights only; the checkpoint format is unchanged): the tapped features
     have a few huge constant dimensions (attention-sink style outliers: one dimension of layer 27
     averages ~450 while the median spread is ~14), which would make every fused context row point
-    the same way; scaling fc's input columns by 1/std of each feature lets every dimension count
-    from the first step (`columns`; not with drafter.feature_scale=rms, whose features are scaled
-    already). The output norm starts with the target's final norm's gain, since the drafter's output
-    is read by the target's lm_head."""
-    if columns:
-        feats = torch.cat([s["hidden"][1:].reshape(len(s["hidden"]) - 1, -1).float() for s in samples[:64]])
-        std = feats.std(dim=0).clamp(min=1e-3)
-        model.fc.weight.mul_((std.median() / std)[None].to(model.fc.weight.dtype))
+    the same way; scaling fc's input columns once by median(std)/std of each feature lets every dimension
+    count from the first step (Adam then steps in the raw coordinates; drafter.feature_scale=rms instead
+    trains in coordinates divided by each feature's RMS, and does not use this)."""
+    feats = torch.cat([s["hidden"][1:].reshape(len(s["hidden"]) - 1, -1).float() for s in samples[:64]])
+    std = feats.std(dim=0).clamp(min=1e-3)
+    model.fc.weight.mul_((std.median() / std)[None].to(model.fc.weight.dtype))
+
+
+@torch.no_grad()
+def start_norm_at_target_gain(model: DFlashDrafter, target) -> None:
+    """The output norm starts with the target's final norm's gain, since the drafter's output is read by
+    the target's lm_head."""
     gain = target_final_norm_gain(target, model.norm.weight.numel())
     if gain is not None:
         model.norm.weight.copy_(gain.to(model.norm.weight))
@@ -378,8 +382,10 @@ def train(cfg: TrainConfig, run_config: dict, show_progress: bool = True) -> dic
         d.val_sequences:d.val_sequences + 32])), fresh)
     taps = lambda sample: scaled_taps(raw_taps(sample), scale)  # noqa: E731 - fc's coordinates (feature_scale)
     val, train_set = [taps(s) for s in samples[:d.val_sequences]], samples[d.val_sequences:]
-    if fresh:  # rms: the random start is drawn in the scaled coordinates, as EAGLE-3's (feature_scale.py)
-        init_from_data(model, [taps(s) for s in train_set[:64]], target, columns=d.feature_scale == "none")
+    if fresh:
+        if d.feature_scale == "none":  # rms: the random start stays as drawn, in the scaled coordinates (feature_scale.py)
+            scale_fc_columns(model, [taps(s) for s in train_set[:64]])
+        start_norm_at_target_gain(model, target)
     model.train()
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=d.lr, weight_decay=0.01)
     resume_path = state_dir / "train_state.pt"

@@ -79,53 +79,69 @@ def test_train_both_stages_export_and_resume(tiny_model_dirs, tmp_path):
 
 
 def test_block_drafters_feature_scale_trains_fc_in_scaled_coordinates_and_exports_the_plain_format(tiny_model_dirs,
-                                                                                                    tmp_path):
-    """drafter.feature_scale=rms for DFlash and Domino (pipeline/train/feature_scale.py): the export is the
-    trained state with the scale folded back into fc (it reads raw features as the trained fc read scaled
-    ones), a resume keeps the scale, and Domino moves its trained DFlash backbone into the scaled coordinates
-    without changing its function."""
+                                                                                                    tmp_path,
+                                                                                                    monkeypatch):
+    """drafter.feature_scale=rms for DFlash and Domino (pipeline/train/feature_scale.py): every loss, training
+    and validation, reads the features divided by the saved scale; the export is the trained state with the
+    scale folded back into fc; a fresh DFlash keeps its random fc as drawn (no column scaling), Domino's fc
+    starts as its backbone's multiplied by the scale (same function); a resume reads the saved scale."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import pipeline.train.trainer as trainer
     from decoding.drafting.dflash_drafter import load_drafter
-    from pipeline.train.objectives import drafter_forward, sample_blocks
-    from pipeline.train.trainer import scaled_taps, train, with_taps
-    from pipeline.train.feature_scale import FeatureScale
 
-    summaries = {}
-    for kind in ("dflash", "domino"):
-        overrides = tiny_overrides(tiny_model_dirs["llama"], tmp_path, kind, steps=2) + ["drafter.feature_scale=rms"]
-        summaries[kind] = train(compose_train(overrides), {}, show_progress=False)
-        assert summaries[kind]["feature_scale"] == "rms"
-        saved = torch.load(tmp_path / "state" / kind / "feature_scale.pt")
-        state = torch.load(tmp_path / "state" / kind / "train_state.pt", weights_only=False)["model"]
-        exported = load_drafter(str(tmp_path / kind), dtype=torch.float32)
-        assert saved.shape == (2 * exported.spec.hidden_size,) and not torch.allclose(saved, torch.ones(1))  # 2 taps
-        assert torch.equal(exported.fc.weight, (state["fc.weight"] / saved).to(torch.bfloat16).float())
-        feats = torch.randn(5, len(saved)) * saved  # raw features of the features' own scales
-        with torch.no_grad():
-            torch.testing.assert_close(exported.fc(feats), FeatureScale(saved).features(feats) @ state["fc.weight"].t(),
-                                       rtol=2e-2, atol=2e-2)
-    # Domino started from the exported (raw) DFlash: its fc moved into the scaled coordinates, same function
-    from transformers import AutoModelForCausalLM
+    seen = []  # (ids, hidden, step) of every loss computed
+    compute_loss = trainer.compute_loss
 
+    def recording(model, embed, lm_head, sample, blocks, cfg, step):
+        seen.append((tuple(sample["ids"].tolist()), sample["hidden"].clone(), step))
+        return compute_loss(model, embed, lm_head, sample, blocks, cfg, step)
+
+    monkeypatch.setattr(trainer, "compute_loss", recording)
+    overrides = {kind: tiny_overrides(tiny_model_dirs["llama"], tmp_path, kind, steps=2) + ["drafter.feature_scale=rms"]
+                 for kind in ("dflash", "domino")}
+    cfg = compose_train(overrides["dflash"])
+    summary = trainer.train(cfg, {}, show_progress=False)
+    assert summary["feature_scale"] == "rms"
+    saved = torch.load(tmp_path / "state" / "dflash" / "feature_scale.pt")
     target = AutoModelForCausalLM.from_pretrained(tiny_model_dirs["llama"], dtype=torch.float32).eval()
-    backbone = load_drafter(str(tmp_path / "dflash"), dtype=torch.float32).eval()
-    scale = FeatureScale(torch.load(tmp_path / "state" / "domino" / "feature_scale.pt"))
-    moved = load_drafter(str(tmp_path / "dflash"), dtype=torch.float32).eval()
-    with torch.no_grad():
-        moved.fc.weight.mul_(scale.scale)
-    sample = with_taps({"ids": torch.arange(3, 15), "prompt_len": 4}, target, [0, 2])
-    blocks = sample_blocks(sample["ids"], 4, 4, 3, 7.0, False, torch.Generator().manual_seed(0))
-    embed = target.get_input_embeddings()
-    with torch.no_grad():
-        torch.testing.assert_close(drafter_forward(moved, embed, scaled_taps(sample, scale), blocks, 0),
-                                   drafter_forward(backbone, embed, sample, blocks, 0), rtol=1e-4, atol=1e-4)
-    # a resume keeps the scale; a state dir trained one way refuses the other
-    more = tiny_overrides(tiny_model_dirs["llama"], tmp_path, "dflash", steps=3)
-    before = torch.load(tmp_path / "state" / "dflash" / "feature_scale.pt")
-    assert train(compose_train(more + ["drafter.feature_scale=rms"]), {}, show_progress=False)["steps"] == 3
-    assert torch.equal(torch.load(tmp_path / "state" / "dflash" / "feature_scale.pt"), before)
+    raw = {tuple(s["ids"].tolist()): s["hidden"] for s in
+           trainer.training_samples(cfg, target, AutoTokenizer.from_pretrained(tiny_model_dirs["llama"]))}
+    assert {step < 2 for _, _, step in seen} == {True, False}  # training steps and the validation
+    for ids, hidden, _ in seen:
+        torch.testing.assert_close(hidden, (raw[ids].float().reshape(len(hidden), -1) / saved).view(hidden.shape))
+    state = torch.load(tmp_path / "state" / "dflash" / "train_state.pt", weights_only=False)["model"]
+    exported = load_drafter(str(tmp_path / "dflash"), dtype=torch.float32)
+    assert saved.shape == (2 * exported.spec.hidden_size,) and not torch.allclose(saved, torch.ones(1))  # 2 taps
+    assert torch.equal(exported.fc.weight, (state["fc.weight"] / saved).to(torch.bfloat16).float())
+
+    # the starts, read off runs that do not move the weights (lr 0)
+    still = ["drafter.lr=0", "drafter.steps=1"]
+    drawn = trainer.new_drafter(cfg, target.config).fc.weight
+    for mode, kind in (("rms", "fresh_rms"), ("none", "fresh_none")):
+        trainer.train(compose_train(tiny_overrides(tiny_model_dirs["llama"], tmp_path / kind, "dflash", steps=1)
+                                    + still + [f"drafter.feature_scale={mode}"]), {}, show_progress=False)
+        start = torch.load(tmp_path / kind / "state" / "dflash" / "train_state.pt", weights_only=False)["model"]
+        assert torch.equal(start["fc.weight"], drawn) == (mode == "rms")  # none: columns scaled by median(std)/std
+    trainer.train(compose_train(overrides["domino"] + still), {}, show_progress=False)
+    domino_scale = torch.load(tmp_path / "state" / "domino" / "feature_scale.pt")
+    start = torch.load(tmp_path / "state" / "domino" / "train_state.pt", weights_only=False)["model"]
+    assert torch.equal(start["fc.weight"], exported.fc.weight * domino_scale)
+
+    # a resume reads the saved scale (doubled here, so a re-measured one would show), never rewrites it
+    torch.save(saved * 2, tmp_path / "state" / "dflash" / "feature_scale.pt")
+    more = [o if o != "drafter.steps=2" else "drafter.steps=3" for o in overrides["dflash"]]
+    assert trainer.train(compose_train(more), {}, show_progress=False)["steps"] == 3
+    assert torch.equal(torch.load(tmp_path / "state" / "dflash" / "feature_scale.pt"), saved * 2)
+    state = torch.load(tmp_path / "state" / "dflash" / "train_state.pt", weights_only=False)["model"]
+    exported = load_drafter(str(tmp_path / "dflash"), dtype=torch.float32)
+    assert torch.equal(exported.fc.weight, (state["fc.weight"] / (saved * 2)).to(torch.bfloat16).float())
+    # a state dir trained one way refuses the other; the exit head has no fc to scale
     with pytest.raises(ConfigError, match="feature_scale=rms"):
-        train(compose_train(tiny_overrides(tiny_model_dirs["llama"], tmp_path, "dflash", steps=4)), {},
-              show_progress=False)
+        trainer.train(compose_train(tiny_overrides(tiny_model_dirs["llama"], tmp_path, "dflash", steps=4)), {},
+                      show_progress=False)
+    with pytest.raises(ConfigError, match="exit head reads no tapped features"):
+        compose_train(["drafter=exit_head", "drafter.feature_scale=rms"])
 
 
 def test_dflash_init_from_continues_a_trained_checkpoint_as_a_new_leg(tiny_model_dirs, tmp_path, monkeypatch, caplog):
@@ -405,9 +421,14 @@ def test_eagle3_feature_scale_trains_in_scaled_coordinates_and_exports_the_plain
                                    rtol=2e-2, atol=2e-2)
     again = validate(exported, target.get_input_embeddings(), Readout(target), target, samples[:2], cfg.drafter)
     assert abs(again["val/accept_len_chain"] - summary["val/accept_len_chain"]) < 0.2
+    # a resume reads the saved scale (doubled here, so a re-measured one would show), never rewrites it
+    torch.save(saved * 2, tmp_path / "state" / "eagle3" / "feature_scale.pt")
     assert train(compose_train([o if o != "drafter.steps=4" else "drafter.steps=6" for o in overrides]), {},
                  show_progress=False)["steps"] == 6
-    assert torch.equal(torch.load(tmp_path / "state" / "eagle3" / "feature_scale.pt"), saved)
+    assert torch.equal(torch.load(tmp_path / "state" / "eagle3" / "feature_scale.pt"), saved * 2)
+    state = torch.load(tmp_path / "state" / "eagle3" / "train_state.pt", weights_only=False)["model"]
+    exported = load_eagle3(str(tmp_path / "eagle3"), dtype=torch.float32)
+    assert torch.equal(exported.fc.weight, (state["fc.weight"] / (saved * 2)).to(torch.bfloat16).float())
     with pytest.raises(ConfigError, match="feature_scale=rms"):
         train(compose_train([o for o in overrides if o != "drafter.feature_scale=rms"] + ["drafter.steps=8"]), {},
               show_progress=False)
