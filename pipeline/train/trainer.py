@@ -377,11 +377,12 @@ def train(cfg: TrainConfig, run_config: dict, show_progress: bool = True) -> dic
     layers = list(model.spec.target_layer_ids)  # a checkpoint's own taps (Domino's backbone, a continued leg)
     samples = training_samples(cfg, target, tokenizer, layers)
     raw_taps = lambda sample: with_taps(sample, target, layers, d.max_train_len)  # noqa: E731 - the corpus: recomputed
+    held_out, train_set = samples[:d.val_sequences], samples[d.val_sequences:]
     fresh = d.kind == "dflash" and not continued
-    scale = run_feature_scale(d.feature_scale, state_dir, model, lambda: hidden_rms(map(raw_taps, samples[
-        d.val_sequences:d.val_sequences + 32])), fresh)
+    # measured on the first 32 training answers, as EAGLE-3's
+    scale = run_feature_scale(d.feature_scale, state_dir, model, lambda: hidden_rms(map(raw_taps, train_set[:32])), fresh)
     taps = lambda sample: scaled_taps(raw_taps(sample), scale)  # noqa: E731 - fc's coordinates (feature_scale)
-    val, train_set = [taps(s) for s in samples[:d.val_sequences]], samples[d.val_sequences:]
+    val = [taps(s) for s in held_out]
     if fresh:
         if d.feature_scale == "none":  # rms: the random start stays as drawn, in the scaled coordinates (feature_scale.py)
             scale_fc_columns(model, [taps(s) for s in train_set[:64]])
