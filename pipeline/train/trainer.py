@@ -385,7 +385,7 @@ def train(cfg: TrainConfig, run_config: dict, show_progress: bool = True) -> dic
     val = [taps(s) for s in held_out]
     if fresh:
         if d.feature_scale == "none":  # rms: the random start stays as drawn, in the scaled coordinates (feature_scale.py)
-            scale_fc_columns(model, [taps(s) for s in train_set[:64]])
+            scale_fc_columns(model, [raw_taps(s) for s in train_set[:64]])
         start_norm_at_target_gain(model, target)
     model.train()
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=d.lr, weight_decay=0.01)
