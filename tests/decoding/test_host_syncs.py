@@ -1,10 +1,15 @@
 """Host work in the hot loop: device->host reads per decoding step are counted (each is a host-device
-sync on a GPU), and the engine's cache and prefill paths do no whole-cache or whole-vocabulary work."""
+sync on a GPU), no tensor is built on the host after the prefill, and the engine's cache and prefill paths do
+no whole-cache or whole-vocabulary work."""
+
+import traceback
+from pathlib import Path
 
 import pytest
 import torch
 
 from decoding.engine.loop import generate
+from pipeline.zoo import METHODS
 
 READS = ("tolist", "item", "__int__", "__float__", "__bool__", "__index__", "cpu", "numpy")
 
@@ -114,3 +119,79 @@ def test_the_ptd_pool_walks_a_trie_only_to_evict(monkeypatch):
         for step, tok in enumerate((4, 5, 6), start=3):
             pool.merge(0, {tok: {}}, step)
     assert walks == [0] and pool.leaves[0] == 4  # one eviction walk for the whole step
+
+
+# Tensor factories that build on the CPU unless given a device: in the hot loop on a GPU each one is a
+# host tensor, then a blocking copy or a device-mismatch error. Host data goes to the device through
+# `to_device` (decoding/engine/transfer.py: pinned memory, non-blocking), the one place allowed to build one.
+FACTORIES = (torch.tensor, torch.as_tensor, torch.from_numpy, torch.zeros, torch.ones, torch.full, torch.empty,
+             torch.arange, torch.rand, torch.randn, torch.randint, torch.randperm, torch.eye, torch.linspace,
+             torch.scalar_tensor)
+
+
+class HostTensorFinder(torch.overrides.TorchFunctionMode):
+    """Records, once `on`, each factory call made without a device, at the innermost frame under the
+    checkout (`function file:line`; a call inside transformers is charged to our line that ran the model),
+    except inside `to_device`."""
+
+    def __init__(self):
+        super().__init__()
+        self.on, self.sites = False, []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        keeps_device = func in (torch.tensor, torch.as_tensor) and args and isinstance(args[0], torch.Tensor)
+        if self.on and func in FACTORIES and kwargs.get("device") is None and not keeps_device:
+            site = self.project_frame()
+            if site is not None and not (site.name == "to_device" and site.filename.endswith("transfer.py")):
+                self.sites.append(f"{func.__name__} {Path(site.filename).relative_to(ROOT)}:{site.lineno}")
+        return func(*args, **kwargs)
+
+    @staticmethod
+    def project_frame():
+        for frame in reversed(traceback.extract_stack()[:-2]):
+            if frame.filename.startswith(str(ROOT)) and "site-packages" not in frame.filename:
+                return frame
+        return None
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def host_tensors_built_per_run(method, target, temperature) -> list[str]:
+    finder = HostTensorFinder()
+    with finder:  # from the first step on: the prefill and setup may build on the host
+        generate(method, target, [7, 30, 31, 32, 33, 34] * 4, max_new_tokens=24, temperature=temperature, seed=1,
+                 on_step=lambda state: setattr(finder, "on", True))
+    return finder.sites
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("name", [m for m in METHODS if m != "dominotree_reference"])
+def test_no_method_builds_a_host_tensor_in_the_decoding_loop(name, temperature, zoo, monkeypatch):
+    """The guide's rule, checked on the CPU where a GPU would crash or stall: after the prefill, no factory
+    call of ours runs without a device (the reference DominoTree builder is a test oracle, not a hot path)."""
+    from pipeline.zoo import build_method
+
+    target, folder = zoo
+    monkeypatch.setenv("SPECDEC_CACHE", str(folder))
+    method = build_method(name, target, folder)
+    assert host_tensors_built_per_run(method, target, temperature) == []
+
+
+def test_the_host_tensor_finder_names_a_factory_without_a_device(zoo, monkeypatch):
+    """A planted host tensor in a method's step is found, with its call site."""
+    from pipeline.zoo import build_method
+
+    target, folder = zoo
+    method = build_method("ar", target, folder)
+    real = method.propose
+
+    def propose(state):
+        torch.arange(3)  # the kind of line the rule is about
+        torch.arange(3, device=target.device)  # and the fix: not reported
+        return real(state)
+
+    method.propose = propose
+    sites = host_tensors_built_per_run(method, target, 0.0)
+    assert sites and all(site.startswith("arange tests/decoding/test_host_syncs.py:") for site in sites)
