@@ -127,12 +127,32 @@ def test_the_ptd_pool_walks_a_trie_only_to_evict(monkeypatch):
 FACTORIES = (torch.tensor, torch.as_tensor, torch.from_numpy, torch.zeros, torch.ones, torch.full, torch.empty,
              torch.arange, torch.rand, torch.randn, torch.randint, torch.randperm, torch.eye, torch.linspace,
              torch.scalar_tensor)
+# Operations whose output size depends on the data: on a GPU the host waits for the device to learn the size
+# (a hidden sync that no .item() shows). torch.where counts in its one-argument form only, repeat_interleave
+# with tensor repeats and no output_size only, indexing with a boolean tensor always.
+DATA_SHAPED = (torch.nonzero, torch.Tensor.nonzero, torch.argwhere, torch.Tensor.argwhere, torch.masked_select,
+               torch.Tensor.masked_select, torch.unique, torch.Tensor.unique, torch.unique_consecutive,
+               torch.Tensor.unique_consecutive, torch.bincount, torch.Tensor.bincount)
 
 
-class HostTensorFinder(torch.overrides.TorchFunctionMode):
-    """Records, once `on`, each factory call made without a device, at the innermost frame under the
-    checkout (`function file:line`; a call inside transformers is charged to our line that ran the model),
-    except inside `to_device`."""
+def shape_depends_on_data(func, args, kwargs) -> bool:
+    if func in DATA_SHAPED:
+        return True
+    if func is torch.where:
+        return len(args) + len(kwargs) == 1
+    if func in (torch.repeat_interleave, torch.Tensor.repeat_interleave):
+        return len(args) > 1 and isinstance(args[1], torch.Tensor) and "output_size" not in kwargs
+    if func in (torch.Tensor.__getitem__, torch.Tensor.__setitem__):
+        index = args[1] if isinstance(args[1], tuple) else (args[1],)
+        return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in index)
+    return False
+
+
+class HostWorkFinder(torch.overrides.TorchFunctionMode):
+    """Records, once `on`, each factory call made without a device (`host tensor`) and each operation whose
+    output shape depends on the data (`data-shaped`), at the innermost frame under the checkout
+    (`kind function file:line`; a call inside transformers is charged to our line that ran the model).
+    `to_device` may build host tensors."""
 
     def __init__(self):
         super().__init__()
@@ -140,26 +160,27 @@ class HostTensorFinder(torch.overrides.TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        keeps_device = func in (torch.tensor, torch.as_tensor) and args and isinstance(args[0], torch.Tensor)
-        if self.on and func in FACTORIES and kwargs.get("device") is None and not keeps_device:
-            site = self.project_frame()
-            if site is not None and not (site.name == "to_device" and site.filename.endswith("transfer.py")):
-                self.sites.append(f"{func.__name__} {Path(site.filename).relative_to(ROOT)}:{site.lineno}")
+        if self.on:
+            keeps_device = func in (torch.tensor, torch.as_tensor) and args and isinstance(args[0], torch.Tensor)
+            if func in FACTORIES and kwargs.get("device") is None and not keeps_device:
+                self.record("host tensor", func)
+            elif shape_depends_on_data(func, args, kwargs):
+                self.record("data-shaped", func)
         return func(*args, **kwargs)
 
-    @staticmethod
-    def project_frame():
-        for frame in reversed(traceback.extract_stack()[:-2]):
-            if frame.filename.startswith(str(ROOT)) and "site-packages" not in frame.filename:
-                return frame
-        return None
+    def record(self, kind, func):
+        site = next((frame for frame in reversed(traceback.extract_stack()[:-2])
+                     if frame.filename.startswith(str(ROOT)) and "site-packages" not in frame.filename), None)
+        if site is None or (kind == "host tensor" and site.name == "to_device" and site.filename.endswith("transfer.py")):
+            return
+        self.sites.append(f"{kind} {func.__name__} {Path(site.filename).relative_to(ROOT)}:{site.lineno}")
 
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def host_tensors_built_per_run(method, target, temperature) -> list[str]:
-    finder = HostTensorFinder()
+def host_work_in_the_loop(method, target, temperature) -> list[str]:
+    finder = HostWorkFinder()
     with finder:  # from the first step on: the prefill and setup may build on the host
         generate(method, target, [7, 30, 31, 32, 33, 34] * 4, max_new_tokens=24, temperature=temperature, seed=1,
                  on_step=lambda state: setattr(finder, "on", True))
@@ -168,19 +189,20 @@ def host_tensors_built_per_run(method, target, temperature) -> list[str]:
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 @pytest.mark.parametrize("name", [m for m in METHODS if m != "dominotree_reference"])
-def test_no_method_builds_a_host_tensor_in_the_decoding_loop(name, temperature, zoo, monkeypatch):
+def test_no_method_builds_a_host_tensor_or_a_data_shaped_one_in_the_decoding_loop(name, temperature, zoo,
+                                                                                   monkeypatch):
     """The guide's rule, checked on the CPU where a GPU would crash or stall: after the prefill, no factory
-    call of ours runs without a device (the reference DominoTree builder is a test oracle, not a hot path)."""
+    call of ours runs without a device and nothing waits on the data for a shape (the reference DominoTree
+    builder is a test oracle, not a hot path)."""
     from pipeline.zoo import build_method
 
     target, folder = zoo
     monkeypatch.setenv("SPECDEC_CACHE", str(folder))
     method = build_method(name, target, folder)
-    assert host_tensors_built_per_run(method, target, temperature) == []
+    assert host_work_in_the_loop(method, target, temperature) == []
 
 
-def test_the_host_tensor_finder_names_a_factory_without_a_device(zoo, monkeypatch):
-    """A planted host tensor in a method's step is found, with its call site."""
+def test_the_host_work_finder_names_each_planted_line(zoo):
     from pipeline.zoo import build_method
 
     target, folder = zoo
@@ -188,10 +210,17 @@ def test_the_host_tensor_finder_names_a_factory_without_a_device(zoo, monkeypatc
     real = method.propose
 
     def propose(state):
-        torch.arange(3)  # the kind of line the rule is about
-        torch.arange(3, device=target.device)  # and the fix: not reported
+        ids = torch.arange(4, device=target.device)  # a device given: not reported
+        torch.arange(3)  # a host tensor
+        ids[ids > 1]  # a boolean mask: data-shaped
+        torch.nonzero(ids)  # data-shaped
+        torch.where(ids > 1, ids, 0)  # the three-argument where is not
+        ids.repeat_interleave(2)  # an int repeat is not
         return real(state)
 
     method.propose = propose
-    sites = host_tensors_built_per_run(method, target, 0.0)
-    assert sites and all(site.startswith("arange tests/decoding/test_host_syncs.py:") for site in sites)
+    sites = host_work_in_the_loop(method, target, 0.0)
+    here = "tests/decoding/test_host_syncs.py:"
+    kinds = {site.split(here)[0] for site in sites}
+    assert kinds == {"host tensor arange ", "data-shaped __getitem__ ", "data-shaped nonzero "}
+    assert all(here in site for site in sites)  # each at its own line, not at the engine's call of propose
