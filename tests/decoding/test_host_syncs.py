@@ -135,6 +135,24 @@ DATA_SHAPED = (torch.nonzero, torch.Tensor.nonzero, torch.argwhere, torch.Tensor
                torch.Tensor.unique_consecutive, torch.bincount, torch.Tensor.bincount)
 
 
+def tensors_in(values):
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            yield value
+        elif isinstance(value, (list, tuple)):
+            yield from tensors_in(value)
+
+
+def promotes_half_precision(func, args, kwargs) -> bool:
+    """A bf16/fp16 tensor meets a float32 one (0-dim ones aside: they do not promote): the result is float32,
+    a silent upcast of the model's activations (twice the memory and bandwidth on a GPU). float64 meeting
+    float32 is left out: the engine sums probabilities in float64 on purpose (sampling.py, to_host)."""
+    if func in (torch.Tensor.copy_, torch.Tensor.__setitem__):  # writes cast to the destination's dtype
+        return False
+    dtypes = {t.dtype for t in tensors_in((*args, *kwargs.values())) if t.is_floating_point() and t.dim() > 0}
+    return torch.float32 in dtypes and bool(dtypes & {torch.bfloat16, torch.float16})
+
+
 def shape_depends_on_data(func, args, kwargs) -> bool:
     if func in DATA_SHAPED:
         return True
@@ -149,8 +167,9 @@ def shape_depends_on_data(func, args, kwargs) -> bool:
 
 
 class HostWorkFinder(torch.overrides.TorchFunctionMode):
-    """Records, once `on`, each factory call made without a device (`host tensor`) and each operation whose
-    output shape depends on the data (`data-shaped`), at the innermost frame under the checkout
+    """Records, once `on`, each factory call made without a device (`host tensor`), each operation whose
+    output shape depends on the data (`data-shaped`) and each one where half precision meets float32
+    (`upcast`), at the innermost frame under the checkout
     (`kind function file:line`; a call inside transformers is charged to our line that ran the model).
     `to_device` may build host tensors."""
 
@@ -166,6 +185,8 @@ class HostWorkFinder(torch.overrides.TorchFunctionMode):
                 self.record("host tensor", func)
             elif shape_depends_on_data(func, args, kwargs):
                 self.record("data-shaped", func)
+            elif promotes_half_precision(func, args, kwargs):
+                self.record("upcast", func)
         return func(*args, **kwargs)
 
     def record(self, kind, func):
@@ -187,16 +208,25 @@ def host_work_in_the_loop(method, target, temperature) -> list[str]:
     return finder.sites
 
 
+@pytest.fixture(scope="module")
+def bf16_zoo(tmp_path_factory):
+    from pipeline.zoo import random_target
+
+    return random_target("tiny", dtype=torch.bfloat16), tmp_path_factory.mktemp("zoo_syncs_bf16")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 @pytest.mark.parametrize("name", [m for m in METHODS if m != "dominotree_reference"])
-def test_no_method_builds_a_host_tensor_or_a_data_shaped_one_in_the_decoding_loop(name, temperature, zoo,
-                                                                                   monkeypatch):
-    """The guide's rule, checked on the CPU where a GPU would crash or stall: after the prefill, no factory
-    call of ours runs without a device and nothing waits on the data for a shape (the reference DominoTree
-    builder is a test oracle, not a hot path)."""
+def test_no_method_builds_a_host_tensor_a_data_shaped_one_or_an_upcast_in_the_decoding_loop(
+        name, temperature, dtype, zoo, bf16_zoo, monkeypatch):
+    """The guide's rule, checked on the CPU where a GPU would crash, stall or spend twice the bandwidth:
+    after the prefill, no factory call of ours runs without a device, nothing waits on the data for a shape,
+    and a bf16 run's tensors never meet float32 ones (the reference DominoTree builder is a test oracle,
+    not a hot path)."""
     from pipeline.zoo import build_method
 
-    target, folder = zoo
+    target, folder = zoo if dtype == "float32" else bf16_zoo
     monkeypatch.setenv("SPECDEC_CACHE", str(folder))
     method = build_method(name, target, folder)
     assert host_work_in_the_loop(method, target, temperature) == []
@@ -216,11 +246,14 @@ def test_the_host_work_finder_names_each_planted_line(zoo):
         torch.nonzero(ids)  # data-shaped
         torch.where(ids > 1, ids, 0)  # the three-argument where is not
         ids.repeat_interleave(2)  # an int repeat is not
+        halves = torch.ones(2, dtype=torch.bfloat16, device=target.device)
+        halves + torch.ones(2, device=target.device)  # bf16 meets float32: an upcast
+        halves + torch.ones((), device=target.device)  # a 0-dim float32 does not promote
         return real(state)
 
     method.propose = propose
     sites = host_work_in_the_loop(method, target, 0.0)
     here = "tests/decoding/test_host_syncs.py:"
     kinds = {site.split(here)[0] for site in sites}
-    assert kinds == {"host tensor arange ", "data-shaped __getitem__ ", "data-shaped nonzero "}
+    assert kinds == {"host tensor arange ", "data-shaped __getitem__ ", "data-shaped nonzero ", "upcast add "}
     assert all(here in site for site in sites)  # each at its own line, not at the engine's call of propose
