@@ -104,7 +104,7 @@ def first_lanes(root, table, w_hh_t, lanes: int):
     h = gru_cell(root_gi, root_gi.new_zeros(1, w_hh_t.shape[0]), w_hh_t)
     h = torch.cat([h, h.new_zeros(lanes - 1, h.shape[1])])
     score = torch.full((lanes,), NEG_INF, dtype=torch.float64, device=h.device)
-    score[0] = 0.0
+    score[:1].fill_(0.0)  # not score[0] = 0.0: on CUDA that copies a CPU scalar (a sync; fails in graph capture)
     return h, score, torch.full_like(score, NEG_INF)
 
 

@@ -105,7 +105,7 @@ class BlockDraftMethod(Method):
     def draft_pass(self, state: DecodeState) -> DraftPass:
         spec = self.drafter.spec
         block = torch.full((spec.block_size,), spec.mask_token_id, device=self.target.device)
-        block[0] = state.root
+        block[:1].fill_(state.root)  # not block[0] = root: on CUDA that copies a CPU scalar (a blocking copy)
         start = self.target.cache_len  # the root's position
         hidden = self.drafter.draft(self.cache, self.new_context, self.embed(block), start)
         self.new_context = self.new_context[:0]

@@ -153,6 +153,17 @@ def promotes_half_precision(func, args, kwargs) -> bool:
     return torch.float32 in dtypes and bool(dtypes & {torch.bfloat16, torch.float16})
 
 
+def writes_a_host_scalar(func, args, kwargs) -> bool:
+    """`x[i] = 0.0` (or `x[i, j] = v`) with a Python number on a CUDA tensor: PyTorch makes the number a CPU
+    tensor and, the destination being one element of the same (0-dim) shape, copies it (`copy_`, from pageable
+    memory: a blocking copy that waits for the stream, and an error inside a CUDA graph capture); `x[:1] = 0.0`
+    or a wider destination fills instead (`fill_`, no copy)."""
+    if func is not torch.Tensor.__setitem__ or not isinstance(args[2], (int, float, bool)):
+        return False
+    index = args[1] if isinstance(args[1], tuple) else (args[1],)
+    return len(index) == args[0].dim() and all(isinstance(i, int) for i in index)
+
+
 def shape_depends_on_data(func, args, kwargs) -> bool:
     if func in DATA_SHAPED:
         return True
@@ -168,8 +179,8 @@ def shape_depends_on_data(func, args, kwargs) -> bool:
 
 class HostWorkFinder(torch.overrides.TorchFunctionMode):
     """Records, once `on`, each factory call made without a device (`host tensor`), each operation whose
-    output shape depends on the data (`data-shaped`) and each one where half precision meets float32
-    (`upcast`), at the innermost frame under the checkout
+    output shape depends on the data (`data-shaped`), each one where half precision meets float32
+    (`upcast`) and each one-element write of a Python number (`host scalar`), at the innermost frame under the checkout
     (`kind function file:line`; a call inside transformers is charged to our line that ran the model).
     `to_device` may build host tensors."""
 
@@ -187,6 +198,8 @@ class HostWorkFinder(torch.overrides.TorchFunctionMode):
                 self.record("data-shaped", func)
             elif promotes_half_precision(func, args, kwargs):
                 self.record("upcast", func)
+            elif writes_a_host_scalar(func, args, kwargs):
+                self.record("host scalar", func)
         return func(*args, **kwargs)
 
     def record(self, kind, func):
@@ -218,12 +231,13 @@ def bf16_zoo(tmp_path_factory):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 @pytest.mark.parametrize("name", [m for m in METHODS if m != "dominotree_reference"])
-def test_no_method_builds_a_host_tensor_a_data_shaped_one_or_an_upcast_in_the_decoding_loop(
-        name, temperature, dtype, zoo, bf16_zoo, monkeypatch):
+def test_the_decoding_loop_does_no_host_work_a_gpu_would_pay_for(name, temperature, dtype, zoo, bf16_zoo,
+                                                                 monkeypatch):
     """The guide's rule, checked on the CPU where a GPU would crash, stall or spend twice the bandwidth:
     after the prefill, no factory call of ours runs without a device, nothing waits on the data for a shape,
-    and a bf16 run's tensors never meet float32 ones (the reference DominoTree builder is a test oracle,
-    not a hot path)."""
+    no element is written from a Python number (on CUDA a blocking copy, and an error inside a CUDA graph:
+    DominoTree's whole-tree graph failed to capture so until 2026-12-06), and a bf16 run's tensors never meet
+    float32 ones (the reference DominoTree builder is a test oracle, not a hot path)."""
     from pipeline.zoo import build_method
 
     target, folder = zoo if dtype == "float32" else bf16_zoo
@@ -249,11 +263,15 @@ def test_the_host_work_finder_names_each_planted_line(zoo):
         halves = torch.ones(2, dtype=torch.bfloat16, device=target.device)
         halves + torch.ones(2, device=target.device)  # bf16 meets float32: an upcast
         halves + torch.ones((), device=target.device)  # a 0-dim float32 does not promote
+        ids[0] = 5  # one element from a Python number: a host scalar copied
+        ids[:1] = 5  # a slice is filled: not reported
+        ids[1].fill_(5)  # nor is fill_
         return real(state)
 
     method.propose = propose
     sites = host_work_in_the_loop(method, target, 0.0)
     here = "tests/decoding/test_host_syncs.py:"
     kinds = {site.split(here)[0] for site in sites}
-    assert kinds == {"host tensor arange ", "data-shaped __getitem__ ", "data-shaped nonzero ", "upcast add "}
+    assert kinds == {"host tensor arange ", "data-shaped __getitem__ ", "data-shaped nonzero ", "upcast add ",
+                     "host scalar __setitem__ "}
     assert all(here in site for site in sites)  # each at its own line, not at the engine's call of propose
