@@ -275,3 +275,33 @@ def test_the_host_work_finder_names_each_planted_line(zoo):
     assert kinds == {"host tensor arange ", "data-shaped __getitem__ ", "data-shaped nonzero ", "upcast add ",
                      "host scalar __setitem__ "}
     assert all(here in site for site in sites)  # each at its own line, not at the engine's call of propose
+
+
+@pytest.fixture(scope="module")
+def graphed_zoo(zoo):
+    """The tiny target as `model.cuda_graph=true` runs it on a GPU, its graphs emulated (replayed eagerly through
+    static buffers, decoding/engine/cuda_graph.py)."""
+    from decoding.engine.cuda_graph import GraphReplayer
+    from decoding.engine.target import TargetModel
+
+    target, folder = zoo
+    return TargetModel(target.model, graphs=GraphReplayer(True, "model.cuda_graph", emulate=True)), folder
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("name", [m for m in METHODS if m != "dominotree_reference"])
+def test_the_code_cuda_graphs_capture_does_no_host_work_either(name, temperature, graphed_zoo, monkeypatch):
+    """The paths only a GPU takes: the target's static forward and the Domino chain's and DominoTree's graphs,
+    here emulated, so what a capture would record runs under the finder (host work there fails the capture)."""
+    from decoding.engine import cuda_graph
+    from pipeline.zoo import build_method
+
+    target, folder = graphed_zoo
+    monkeypatch.setenv("SPECDEC_CACHE", str(folder))
+    monkeypatch.setattr(cuda_graph, "graphs_for", lambda device, enabled, what, emulate=False:
+                        cuda_graph.GraphReplayer(enabled, what, emulate=True))
+    method = build_method(name, target, folder)
+    if name in ("domino", "dominotree"):
+        assert method.graphs.enabled
+    assert host_work_in_the_loop(method, target, temperature) == []
+    assert target.graphs.captures > 0
