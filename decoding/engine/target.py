@@ -114,7 +114,9 @@ class TargetModel:
         self._columns: torch.Tensor | None = None  # arange(capacity) on the device: slots and row picks
         self._graphed_generation: int | None = None  # the buffer allocation the graphs read
         if self.graphs is not None:
-            why = static_forward.check_static(model, self.layout, set(self._layer_devices.values()), kv_buffer)
+            # the embedding and the LM head too: a device_map may put either on another device than the layers
+            ends = [m.weight.device for m in (model.get_input_embeddings(), model.get_output_embeddings()) if m is not None]
+            why = static_forward.check_static(model, self.layout, {*self._layer_devices.values(), *ends}, kv_buffer)
             if why:
                 raise ConfigError(f"{graphs.what}=true: {self.config.model_type} cannot be replayed from CUDA graphs: "
                                   f"{why}; set {graphs.what}=false")

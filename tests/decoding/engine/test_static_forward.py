@@ -243,6 +243,10 @@ def test_a_target_the_static_forward_cannot_hold_is_one_config_error():
     llama.model.rotary_emb.rope_type = "dynamic"  # what the model was built with, whatever its config says
     with pytest.raises(ConfigError, match="dynamic RoPE"):
         TargetModel(llama, graphs=emulated())
+    split = random_target("tiny").model  # a device_map that put the LM head alone on another device
+    split.lm_head.to("meta")
+    with pytest.raises(ConfigError, match="spread over several devices"):
+        TargetModel(split, graphs=emulated())
     # a layer subset (a drafter made of the target's layers) and a disabled replayer stay eager
     assert TargetModel(eager_target().model, layers=[0, 1], graphs=emulated()).graphs is None
     assert TargetModel(eager_target().model, graphs=GraphReplayer(False, "model.cuda_graph")).graphs is None
