@@ -205,7 +205,9 @@ class HostWorkFinder(torch.overrides.TorchFunctionMode):
     def record(self, kind, func):
         site = next((frame for frame in reversed(traceback.extract_stack()[:-2])
                      if frame.filename.startswith(str(ROOT)) and "site-packages" not in frame.filename), None)
-        if site is None or (kind == "host tensor" and site.name == "to_device" and site.filename.endswith("transfer.py")):
+        allowed = kind == "host tensor" and site is not None and site.name == "to_device" \
+            and site.filename.endswith("transfer.py")
+        if site is None or allowed:
             return
         self.sites.append(f"{kind} {func.__name__} {Path(site.filename).relative_to(ROOT)}:{site.lineno}")
 
