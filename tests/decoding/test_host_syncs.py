@@ -307,3 +307,33 @@ def test_the_code_cuda_graphs_capture_does_no_host_work_either(name, temperature
         assert method.graphs.enabled
     assert host_work_in_the_loop(method, target, temperature) == []
     assert target.graphs.captures > 0
+
+
+# the settings the experiments and docs use besides the defaults (conf/method/*.yaml, conf/experiment/*.yaml)
+VARIANTS = {
+    "dflash sample_draft verify=rejection": ("dflash", dict(sample_draft=True, verify="rejection")),
+    "domino verify=rejection": ("domino", dict(verify="rejection")),
+    "domino_harness": ("domino", dict(candidate_pool=0, sample_draft=False)),
+    "dominotree scoring=marginal": ("dominotree", dict(scoring="marginal")),
+    "dominotree budget=cond_adaptive": ("dominotree", dict(budget="cond_adaptive")),
+    "eagle3 tree=false": ("eagle3", dict(tree=False)),
+    "via_sd zones=gated": ("via_sd", dict(zones="gated")),
+    "via_sd middle=random": ("via_sd", dict(middle="random")),
+    "spec_cascade rule=chow": ("spec_cascade", dict(rule="chow")),
+    "pld_reference": ("pld", dict(match="reference")),
+    "lookahead pool_from_prompt": ("lookahead", dict(pool_from_prompt=True)),
+    "ptd graft=false seed_mode=stochastic": ("ptd", dict(graft=False, seed_mode="stochastic")),
+}
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_the_methods_other_settings_do_no_host_work_either(variant, temperature, bf16_zoo, monkeypatch):
+    """On the bf16 model, which every kind of the finder covers (the upcast needs half precision)."""
+    from pipeline.zoo import build_method
+
+    target, folder = bf16_zoo
+    monkeypatch.setenv("SPECDEC_CACHE", str(folder))
+    name, overrides = VARIANTS[variant]
+    method = build_method(name, target, folder, **overrides)
+    assert host_work_in_the_loop(method, target, temperature) == []
