@@ -64,7 +64,7 @@ def check_static(model, layout, devices: set, kv_buffer: bool) -> str | None:
     if "dynamic" in (built, rope.get("rope_type", rope.get("type")) if isinstance(rope, dict) else None):
         return "its dynamic RoPE compares positions on the host"
     if len(devices) > 1:
-        return "its layers are spread over several devices (device_map)"
+        return "its layers, embedding and LM head are spread over several devices (device_map)"
     if not kv_buffer:
         return "it runs without the shared KV buffer (kv_buffer=False)"
     return None

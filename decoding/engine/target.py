@@ -115,8 +115,8 @@ class TargetModel:
         self._graphed_generation: int | None = None  # the buffer allocation the graphs read
         if self.graphs is not None:
             # the embedding and the LM head too: a device_map may put either on another device than the layers
-            ends = [m.weight.device for m in (model.get_input_embeddings(), model.get_output_embeddings())
-                    if m is not None]
+            ends = [w.device for m in (model.get_input_embeddings(), model.get_output_embeddings())
+                    if (w := getattr(m, "weight", None)) is not None]
             why = static_forward.check_static(model, self.layout, {*self._layer_devices.values(), *ends}, kv_buffer)
             if why:
                 raise ConfigError(f"{graphs.what}=true: {self.config.model_type} cannot be replayed from CUDA graphs: "
