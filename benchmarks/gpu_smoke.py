@@ -16,7 +16,11 @@ On one GPU (default shape: Qwen3-1.7B's, random weights; a few minutes):
    from the target's CUDA graphs (`cost_curve_graphed`; emulated off CUDA);
 4. every method again on a tiny random Gemma 3 (sliding and full layers, an 8-token window the prompts
    cross), on the device in the same dtype: the engine's hybrid-attention paths (docs/architectures.md),
-   which the Qwen3 shape does not reach, under the device's own transformers.
+   which the Qwen3 shape does not reach, under the device's own transformers;
+5. the device's own count of what the host waited for: every method at T=0 and T=1 on one prompt under
+   `torch.cuda.set_sync_debug_mode("warn")` (pipeline/zoo.py `device_syncs`), synchronizing operations per step
+   and the lines they came from, against the reads per step the CPU tests allow (tests/decoding/test_host_syncs.py
+   BOUNDS); reported, not a failure (off CUDA the section says so and counts nothing).
 The drafters are random too, in the published layout (z-lab DFlash / Huang2020 Domino config
 fields and tensor names), so acceptance is low: this checks that everything runs and is correct
 on the device, not how fast a trained drafter is.
@@ -49,9 +53,9 @@ from decoding.engine.ties import diagnose
 from decoding.engine.transfer import synchronize
 from pipeline.errors import named_line
 from pipeline.summary import tie_counts
-from pipeline.zoo import METHODS, build_method, host_overhead, mixed_prompts, random_target
+from pipeline.zoo import METHODS, build_method, device_syncs, host_overhead, mixed_prompts, random_target
 
-SECTIONS = {"methods", "builders", "curve", "hybrid"}  # 1-4 of the docstring
+SECTIONS = {"methods", "builders", "curve", "hybrid", "syncs"}  # 1-5 of the docstring
 
 
 def run_methods(target, folder, shape, names, prompt_ids, max_new_tokens, compiled=(), eager=(), on_row=None,
@@ -407,8 +411,8 @@ def main() -> int:
                          "tiny: none)")
     ap.add_argument("--max-rows", type=int, default=1024, help="largest row count of the cost curve")
     ap.add_argument("--hybrid-methods", default=None, help="section 4's methods (default: --methods)")
-    ap.add_argument("--sections", default="methods,builders,curve,hybrid",
-                    help="which of the four sections run (e.g. a second device call for what a first one skipped)")
+    ap.add_argument("--sections", default="methods,builders,curve,hybrid,syncs",
+                    help="which of the five sections run (e.g. a second device call for what a first one skipped)")
     ap.add_argument("--methods-budget-s", type=float, default=None,
                     help="start no method of section 1 after this many seconds of it (the rest are skipped rows)")
     ap.add_argument("--out", default=None, help="write the report as JSON (rewritten after every section)")
@@ -492,6 +496,10 @@ def main() -> int:
         hybrid_names = with_ar_first([m for m in (args.hybrid_methods or args.methods).split(",") if m])
         hybrid = section(run_hybrid, args.dtype, device, folder, hybrid_names, max_new,
                          recorder(report["hybrid"], f"{HYBRID_ARCH}/"))
+    report["syncs"] = section(count_syncs, target, folder, shape, names, prompt_ids[0], max_new) \
+        if "syncs" in sections else not_run
+    print_syncs(report["syncs"])
+    save()
     rows = report["methods"] + report["hybrid"]
     problems = [f"{r['method']} crashed ({r['error']})" for r in rows if "error" in r]
     problems += [f"{r['method']} diverged from AR on {r['diverged']} prompt(s)" for r in rows if r.get("diverged")]
@@ -512,6 +520,10 @@ def main() -> int:
         problems.append(f"the Domino chain drafted differently from its CUDA graph in "
                         f"{chains['differing_rounds'] - chains['near_tie_rounds']} round(s) beyond a near-tie")
     problems += graph_problems("the Domino chain", chains, expected_captures=2)  # T = 0 and T > 0
+    if isinstance(report["syncs"], dict) and "error" in report["syncs"]:
+        problems.append(f"the sync count crashed ({report['syncs']['error']})")
+    elif isinstance(report["syncs"], list):
+        problems += [f"{r['method']} crashed in the sync count ({r['error']})" for r in report["syncs"] if "error" in r]
     for key, what in (("cost_curve", "forward-cost curve"), ("cost_curve_graphed", "graphed forward-cost curve")):
         if isinstance(report[key], dict) and "error" in report[key]:  # section() caught a crash
             problems.append(f"the {what} crashed ({report[key]['error']})")
@@ -519,6 +531,32 @@ def main() -> int:
                  if r.get("graph_captures") == 0 and "error" not in r]
     skipped = [f"section {name}" for name in sorted(SECTIONS - sections)] + [r["method"] for r in rows if "skipped" in r]
     return finish(report, problems, save, skipped)
+
+
+def count_syncs(target, folder, shape, names, prompt, max_new_tokens) -> list[dict] | dict:
+    """Section 5: per method and temperature, `device_syncs` (None off CUDA) or the method's error line."""
+    if target.device.type != "cuda":
+        return {"skipped": "the sync debug mode is CUDA's"}
+    rows = []
+    for name in names:
+        for temperature in (0.0, 1.0):
+            try:
+                method = build_method(name, target, folder, shape)
+                rows.append({"method": name, "T": temperature,
+                             **device_syncs(method, target, prompt, max_new_tokens, temperature)})
+            except Exception as err:
+                rows.append({"method": name, "T": temperature, "error": named_line(err)})
+    return rows
+
+
+def print_syncs(syncs) -> None:
+    if isinstance(syncs, dict):
+        print(f"device syncs per step: {syncs.get('error') or syncs.get('skipped')}", flush=True)
+        return
+    print("| method | T | device syncs per step | where |\n|---|---|---|---|")
+    for r in syncs:
+        where = r.get("error") or ", ".join(f"{site} ({n})" for site, n in r["sites"].items())
+        print(f"| {r['method']} | {r['T']:g} | {r.get('syncs_per_step', 'FAILED')} | {where} |", flush=True)
 
 
 def with_ar_first(names: list[str]) -> list[str]:

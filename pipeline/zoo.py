@@ -342,3 +342,32 @@ def host_overhead(method, target: TargetModel, prompts: list[list[int]], max_new
     if counter is not None:
         out["host_ops"] = counted_calls / steps
     return out
+
+
+def device_syncs(method, target: TargetModel, prompt: list[int], max_new_tokens: int, temperature: float = 0.0,
+                 seed: int = 0, top: int = 3) -> dict:
+    """A CUDA target's count of what the host waited for: `torch.cuda.set_sync_debug_mode("warn")` warns at every
+    synchronizing operation (a host read, a blocking copy, a data-shaped op), and the warnings from the second
+    decoding step on are counted per step, with the `top` lines they came from (the innermost Python frame: ours or
+    transformers'). The CPU tests find such operations by rule (tests/decoding/test_host_work.py,
+    test_host_syncs.py); this is the GPU's own count. Untimed: a warning costs host time."""
+    import collections
+    import warnings
+
+    from decoding.engine.loop import generate
+
+    first: list[int] = []
+    previous = torch.cuda.get_sync_debug_mode()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            state = generate(method, target, prompt, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
+                             on_step=lambda s: first or first.append(len(caught)))
+        finally:
+            torch.cuda.set_sync_debug_mode(previous)
+    syncs = [w for w in caught[first[0] if first else len(caught):] if "synchroniz" in str(w.message)]
+    sites = collections.Counter(f"{Path(w.filename).name}:{w.lineno}" for w in syncs)
+    steps = max(state.stats.num_steps - 1, 1)
+    return {"syncs_per_step": round(len(syncs) / steps, 2), "steps": steps,
+            "sites": {site: round(n / steps, 2) for site, n in sites.most_common(top)}}

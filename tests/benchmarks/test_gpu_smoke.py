@@ -273,3 +273,18 @@ def test_a_graphed_row_that_never_replays_is_a_problem(tmp_path, monkeypatch, ca
     code, report, last = run_smoke(tmp_path, monkeypatch, capsys, "--methods", "ar", "--graphed", "ar",
                                    "--sections", "methods", graphed_target=never)
     assert code == 1 and last.startswith("gpu smoke: FAILED: ar graphed never replayed a graph of the target")
+
+
+def test_the_sync_count_is_saved_and_a_method_crashing_in_it_is_a_problem(tmp_path, monkeypatch, capsys):
+    rows = [{"method": "ar", "T": 0.0, "syncs_per_step": 1.0, "steps": 15, "sites": {"loop.py:180": 1.0}},
+            {"method": "ar", "T": 1.0, "error": "RuntimeError: boom"}]
+    code, report, last = run_smoke(tmp_path, monkeypatch, capsys, "--methods", "ar", "--sections", "methods,syncs",
+                                   count_syncs=lambda *args: rows)
+    assert report["syncs"] == rows
+    assert code == 1 and last.startswith("gpu smoke: FAILED: ar crashed in the sync count (RuntimeError: boom)")
+
+
+def test_off_cuda_the_sync_count_says_it_cannot_count(tmp_path, monkeypatch, capsys):
+    code, report, last = run_smoke(tmp_path, monkeypatch, capsys, "--methods", "ar", "--sections", "syncs")
+    assert report["syncs"] == {"skipped": "the sync debug mode is CUDA's"} and report["problems"] == []
+    assert code == 3 and "section methods" in last  # the sections left out make it incomplete, not this one

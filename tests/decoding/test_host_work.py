@@ -301,3 +301,29 @@ def test_the_finder_reports_a_host_read_inside_a_captured_function_only(monkeypa
         x.sum().item()  # outside: test_host_syncs.py counts these
     lines = planted_lines("in graph")
     assert [(int(s.rsplit(":", 1)[1]), s.split(" tests/")[0]) for s in finder.sites] == [*lines.items()] * 2
+
+
+def test_the_gpus_own_sync_count_counts_each_warned_sync_per_step_after_the_first(zoo, monkeypatch):
+    """pipeline.zoo.device_syncs (gpu_smoke's section 5) on the CPU: the CUDA debug mode is faked, and the method
+    warns as that mode does at a synchronizing operation, once per step, from one line."""
+    import warnings
+
+    from pipeline.zoo import device_syncs
+
+    modes = []
+    monkeypatch.setattr(torch.cuda, "get_sync_debug_mode", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", modes.append)
+    target, folder = zoo
+    method = build_method("ar", target, folder)
+    real = method.propose
+
+    def propose(state):
+        warnings.warn("called a synchronizing CUDA operation")  # sync: one per step
+        warnings.warn("something else")  # not a sync
+        return real(state)
+
+    method.propose = propose
+    counted = device_syncs(method, target, [7, 30, 31, 32], max_new_tokens=9)
+    line = next(iter(planted_lines("sync")))
+    assert counted == {"syncs_per_step": 1.0, "steps": 8, "sites": {f"test_host_work.py:{line}": 1.0}}
+    assert modes == ["warn", 0]  # switched on for the run, then back
