@@ -206,8 +206,8 @@ def test_a_second_call_runs_only_the_named_sections_and_methods_and_says_what_it
     assert [r["method"] for r in report["hybrid"]] == ["gemma3/ar", "gemma3/ar", "gemma3/sd", "gemma3/sd"]
     assert report["builders"] == report["cost_curve"] == {"skipped": "--sections"}
     assert report["sections_run"] == ["hybrid", "methods"]
-    assert report["skipped"] == ["section builders", "section curve"] and report["problems"] == []
-    assert last.startswith("gpu smoke: incomplete (not run: section builders, section curve)")
+    assert report["skipped"] == ["section builders", "section curve", "section syncs"] and report["problems"] == []
+    assert last.startswith("gpu smoke: incomplete (not run: section builders, section curve, section syncs)")
 
 
 def test_a_failure_and_a_section_not_run_are_both_in_the_verdict(tmp_path, monkeypatch, capsys):
@@ -219,14 +219,14 @@ def test_a_failure_and_a_section_not_run_are_both_in_the_verdict(tmp_path, monke
     assert code == 1 and report["cost_curve"] == {"error": "RuntimeError: no curve"}
     assert last.startswith("gpu smoke: FAILED: the forward-cost curve crashed (RuntimeError: no curve); the graphed "
                            "forward-cost curve crashed (RuntimeError: no curve) "
-                           "(not run: section builders, section hybrid)")
+                           "(not run: section builders, section hybrid, section syncs)")
 
 
 def test_an_unknown_section_is_refused_in_one_line_before_anything_runs():
     proc = subprocess.run([sys.executable, "benchmarks/gpu_smoke.py", "--device", "cpu", "--tiny", "--sections",
                            "methods,curves"], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and proc.stdout.strip().splitlines() == [
-        "gpu smoke: FAILED: unknown section(s) ['curves'] (known: ['builders', 'curve', 'hybrid', 'methods'])"]
+        "gpu smoke: FAILED: unknown section(s) ['curves'] (known: ['builders', 'curve', 'hybrid', 'methods', 'syncs'])"]
 
 
 def test_eager_variants_run_with_cuda_graphs_off_after_the_defaults(tmp_path, monkeypatch, capsys):
