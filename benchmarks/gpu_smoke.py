@@ -534,7 +534,7 @@ def main() -> int:
 
 
 def count_syncs(target, folder, shape, names, prompt, max_new_tokens) -> list[dict] | dict:
-    """Section 5: per method and temperature, `device_syncs` (None off CUDA) or the method's error line."""
+    """Section 5: per method and temperature, `device_syncs` or the method's error line; off CUDA, a note."""
     if target.device.type != "cuda":
         return {"skipped": "the sync debug mode is CUDA's"}
     rows = []
