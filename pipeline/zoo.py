@@ -347,27 +347,27 @@ def host_overhead(method, target: TargetModel, prompts: list[list[int]], max_new
 def device_syncs(method, target: TargetModel, prompt: list[int], max_new_tokens: int, temperature: float = 0.0,
                  seed: int = 0, top: int = 3) -> dict:
     """A CUDA target's count of what the host waited for: `torch.cuda.set_sync_debug_mode("warn")` warns at every
-    synchronizing operation (a host read, a blocking copy, a data-shaped op), and the warnings from the second
-    decoding step on are counted per step, with the `top` lines they came from (the innermost Python frame: ours or
-    transformers'). The CPU tests find such operations by rule (tests/decoding/test_host_work.py,
+    synchronizing operation (a host read, a blocking copy, a data-shaped op), and the warnings of the second to the
+    last decoding step are counted per step (not the first, nor what runs after the loop), with the `top` lines they
+    came from (`folder/file:line` of the innermost Python frame: ours, transformers' or torch's). The CPU tests find such operations by rule (tests/decoding/test_host_work.py,
     test_host_syncs.py); this is the GPU's own count. Untimed: a warning costs host time."""
     import collections
     import warnings
 
     from decoding.engine.loop import generate
 
-    first: list[int] = []
+    marks: list[int] = []  # warnings caught at the end of each step
     previous = torch.cuda.get_sync_debug_mode()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")
         try:
             state = generate(method, target, prompt, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
-                             on_step=lambda s: first or first.append(len(caught)))
+                             on_step=lambda s: marks.append(len(caught)))
         finally:
             torch.cuda.set_sync_debug_mode(previous)
-    syncs = [w for w in caught[first[0] if first else len(caught):] if "synchroniz" in str(w.message)]
-    sites = collections.Counter(f"{Path(w.filename).name}:{w.lineno}" for w in syncs)
+    syncs = [w for w in caught[marks[0]:marks[-1]] if "synchroniz" in str(w.message)] if marks else []
+    sites = collections.Counter(f"{'/'.join(Path(w.filename).parts[-2:])}:{w.lineno}" for w in syncs)
     steps = max(state.stats.num_steps - 1, 1)
     return {"syncs_per_step": round(len(syncs) / steps, 2), "steps": steps,
             "sites": {site: round(n / steps, 2) for site, n in sites.most_common(top)}}

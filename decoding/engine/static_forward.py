@@ -40,7 +40,7 @@ import torch.nn.functional as F
 
 from decoding.engine import attention_layout
 
-MAX_ROWS = 1024  # the largest block a graph holds (CaDDTree's profile runs to 1024 nodes)
+MAX_ROWS = 1024  # the largest block a graph holds; a larger one runs eagerly (CaDDTree's 1024-node tree: 1025 rows)
 CAPACITY_STEP = 1024  # a reused KV buffer is sized in these steps, so a slightly longer prompt does not regrow it
 # model types whose ForCausalLM forward is lm_head(model(...)) and nothing more: the static pass calls those two
 STATIC_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")

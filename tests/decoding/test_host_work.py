@@ -141,7 +141,8 @@ class HostWorkFinder(torch.overrides.TorchFunctionMode):
         finder, init, call = self, cuda_graph.StaticGraph.__init__, cuda_graph.StaticGraph.__call__
 
         def inside(fn, run):
-            finder.graphs_run.add(fn.__name__)
+            if finder.on:  # a graph of the steps watched, not only of the first
+                finder.graphs_run.add(fn.__name__)
             finder.in_graph += 1
             try:
                 return run()
@@ -325,5 +326,5 @@ def test_the_gpus_own_sync_count_counts_each_warned_sync_per_step_after_the_firs
     method.propose = propose
     counted = device_syncs(method, target, [7, 30, 31, 32], max_new_tokens=9)
     line = next(iter(planted_lines("sync")))
-    assert counted == {"syncs_per_step": 1.0, "steps": 8, "sites": {f"test_host_work.py:{line}": 1.0}}
+    assert counted == {"syncs_per_step": 1.0, "steps": 8, "sites": {f"decoding/test_host_work.py:{line}": 1.0}}
     assert modes == ["warn", 0]  # switched on for the run, then back
