@@ -349,8 +349,9 @@ def device_syncs(method, target: TargetModel, prompt: list[int], max_new_tokens:
     """A CUDA target's count of what the host waited for: `torch.cuda.set_sync_debug_mode("warn")` warns at every
     synchronizing operation (a host read, a blocking copy, a data-shaped op), and the warnings of the second to the
     last decoding step are counted per step (not the first, nor what runs after the loop), with the `top` lines they
-    came from (`folder/file:line` of the innermost Python frame: ours, transformers' or torch's). The CPU tests find such operations by rule (tests/decoding/test_host_work.py,
-    test_host_syncs.py); this is the GPU's own count. Untimed: a warning costs host time."""
+    came from (`folder/file:line` of the innermost Python frame: ours, transformers' or torch's). The CPU tests find
+    such operations by rule (tests/decoding/test_host_work.py, test_host_syncs.py); this is the GPU's own count.
+    Untimed: a warning costs host time."""
     import collections
     import warnings
 
