@@ -76,9 +76,11 @@ def shape_depends_on_data(func, args, kwargs) -> bool:
 
 
 def promotes_half_precision(func, args, kwargs) -> bool:
-    """0-dim tensors do not promote; writes (`copy_`, `x[...] = t`, in-place ops) keep the destination's dtype."""
+    """0-dim tensors do not promote; writes (`copy_`, `x[...] = t`, in-place ops, `out=`) keep the destination's
+    dtype."""
     name = getattr(func, "__name__", "")
-    if func in (torch.Tensor.copy_, torch.Tensor.__setitem__) or (name.endswith("_") and not name.startswith("__")):
+    writes = func in (torch.Tensor.copy_, torch.Tensor.__setitem__) or "out" in kwargs
+    if writes or (name.endswith("_") and not name.startswith("__")):
         return False
     dtypes = {t.dtype for t in tensors_in((*args, *kwargs.values())) if t.is_floating_point() and t.dim() > 0}
     return bool(dtypes & set(HALF)) and bool(dtypes - set(HALF))
