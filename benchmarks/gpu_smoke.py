@@ -19,8 +19,8 @@ On one GPU (default shape: Qwen3-1.7B's, random weights; a few minutes):
    which the Qwen3 shape does not reach, under the device's own transformers;
 5. the device's own count of what the host waited for: every method at T=0 and T=1 on one prompt under
    `torch.cuda.set_sync_debug_mode("warn")` (pipeline/zoo.py `device_syncs`), synchronizing operations per step
-   and the lines they came from, to compare with the reads per step the CPU tests allow (tests/decoding/
-   test_host_syncs.py BOUNDS); reported, not a failure. Off CUDA it says so and counts nothing, and that does not
+   and the lines they came from, next to the host reads per step the CPU tests count by rule in the same
+   steps (`host_reads`; tests/decoding/test_host_syncs.py BOUNDS); reported, not a failure. Off CUDA it says so and counts nothing, and that does not
    make the run incomplete (the tiny CPU run, CI's, has no CUDA to count on).
 The drafters are random too, in the published layout (z-lab DFlash / Huang2020 Domino config
 fields and tensor names), so acceptance is low: this checks that everything runs and is correct
@@ -54,7 +54,8 @@ from decoding.engine.ties import diagnose
 from decoding.engine.transfer import synchronize
 from pipeline.errors import named_line
 from pipeline.summary import tie_counts
-from pipeline.zoo import METHODS, build_method, device_syncs, host_overhead, mixed_prompts, random_target
+from pipeline.zoo import (METHODS, build_method, device_syncs, host_overhead, host_reads, mixed_prompts,
+                         random_target)
 
 SECTIONS = {"methods", "builders", "curve", "hybrid", "syncs"}  # 1-5 of the docstring
 
@@ -539,13 +540,20 @@ def count_syncs(target, folder, shape, names, prompt, max_new_tokens) -> list[di
     """Section 5: per method and temperature, `device_syncs` or the method's error line; off CUDA, a note."""
     if target.device.type != "cuda":
         return {"skipped": "the sync debug mode is CUDA's"}
+    return sync_rows(target, folder, shape, names, prompt, max_new_tokens)
+
+
+def sync_rows(target, folder, shape, names, prompt, max_new_tokens) -> list[dict]:
+    """Per method and temperature: the device's sync count, and the host reads the CPU's rule counts."""
     rows = []
     for name in names:
         for temperature in (0.0, 1.0):
             try:
                 method = build_method(name, target, folder, shape)
                 rows.append({"method": name, "T": temperature,
-                             **device_syncs(method, target, prompt, max_new_tokens, temperature)})
+                             **device_syncs(method, target, prompt, max_new_tokens, temperature),
+                             "reads_per_step": host_reads(method, target, prompt, max_new_tokens,
+                                                          temperature)["reads_per_step"]})
             except Exception as err:
                 rows.append({"method": name, "T": temperature, "error": named_line(err)})
     return rows
@@ -555,10 +563,11 @@ def print_syncs(syncs) -> None:
     if isinstance(syncs, dict):
         print(f"device syncs per step: {syncs.get('error') or syncs.get('skipped')}", flush=True)
         return
-    print("| method | T | device syncs per step | where |\n|---|---|---|---|")
+    print("| method | T | device syncs per step | where | host reads per step (the CPU's rule) |\n|---|---|---|---|---|")
     for r in syncs:
         where = r.get("error") or ", ".join(f"{site} ({n})" for site, n in r["sites"].items())
-        print(f"| {r['method']} | {r['T']:g} | {r.get('syncs_per_step', 'FAILED')} | {where} |", flush=True)
+        print(f"| {r['method']} | {r['T']:g} | {r.get('syncs_per_step', 'FAILED')} | {where} "
+              f"| {r.get('reads_per_step', '')} |", flush=True)
 
 
 def with_ar_first(names: list[str]) -> list[str]:

@@ -372,3 +372,54 @@ def device_syncs(method, target: TargetModel, prompt: list[int], max_new_tokens:
     steps = max(state.stats.num_steps - 1, 1)
     return {"syncs_per_step": round(len(syncs) / steps, 2), "steps": steps,
             "sites": {site: round(n / steps, 2) for site, n in sites.most_common(top)}}
+
+
+# Tensor methods that read a tensor's data on the host: on a GPU each waits for the device
+HOST_READS = (torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__int__, torch.Tensor.__float__,
+              torch.Tensor.__bool__, torch.Tensor.__index__, torch.Tensor.cpu, torch.Tensor.numpy)
+
+
+def reads_the_host(func, args) -> bool:
+    """Whether a call `__torch_function__` sees reads tensor data on the host: one of HOST_READS, or `x[t]`
+    with a 0-dim integer tensor `t` (indexing reads `t` in C++)."""
+    if func in HOST_READS:
+        return True
+    if func is torch.Tensor.__getitem__:
+        index = args[1] if isinstance(args[1], tuple) else (args[1],)
+        return any(isinstance(i, torch.Tensor) and i.dim() == 0 and not i.is_floating_point()
+                   and i.dtype != torch.bool for i in index)
+    return False
+
+
+class HostReadCounter(torch.overrides.TorchFunctionMode):
+    """Notes the line of every host read (`reads_the_host`) made from Python while active."""
+
+    def __init__(self):
+        super().__init__()
+        self.sites: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if reads_the_host(func, args):
+            import sys
+
+            caller = sys._getframe(1)
+            self.sites.append(f"{'/'.join(Path(caller.f_code.co_filename).parts[-2:])}:{caller.f_lineno}")
+        return func(*args, **(kwargs or {}))
+
+
+def host_reads(method, target: TargetModel, prompt: list[int], max_new_tokens: int, temperature: float = 0.0,
+               seed: int = 0, top: int = 3) -> dict:
+    """The device->host reads per decoding step, found by rule on any device (HostReadCounter), counted as
+    `device_syncs` counts a GPU's syncs: steps 2 to last, with the `top` lines they came from."""
+    import collections
+
+    from decoding.engine.loop import generate
+
+    counter, marks = HostReadCounter(), []
+    with counter:
+        state = generate(method, target, prompt, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
+                         on_step=lambda s: marks.append(len(counter.sites)))
+    reads = counter.sites[marks[0]:marks[-1]] if marks else []
+    steps = max(state.stats.num_steps - 1, 1)
+    return {"reads_per_step": round(len(reads) / steps, 2), "steps": steps,
+            "sites": {site: round(n / steps, 2) for site, n in collections.Counter(reads).most_common(top)}}

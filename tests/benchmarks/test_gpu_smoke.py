@@ -288,3 +288,21 @@ def test_off_cuda_the_sync_count_says_it_cannot_count(tmp_path, monkeypatch, cap
     code, report, last = run_smoke(tmp_path, monkeypatch, capsys, "--methods", "ar", "--sections", "syncs")
     assert report["syncs"] == {"skipped": "the sync debug mode is CUDA's"} and report["problems"] == []
     assert code == 3 and "section methods" in last  # the sections left out make it incomplete, not this one
+
+
+def test_each_rows_sync_count_comes_with_the_cpu_rules_read_count(tmp_path, monkeypatch, capsys):
+    """The rows of section 5 (the CUDA debug mode faked: it warns nothing here): each has the device's count and,
+    from the same method, `host_reads`'s count by rule, which sees AR's one read per step."""
+    import torch
+
+    from pipeline.zoo import random_target
+
+    smoke = load_smoke()
+    monkeypatch.setattr(torch.cuda, "get_sync_debug_mode", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", lambda mode: None)
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    rows = smoke.sync_rows(random_target("tiny"), tmp_path, "tiny", ["ar"], [7, 30, 31, 32], 9)
+    assert [(r["method"], r["T"], r["syncs_per_step"], r["reads_per_step"]) for r in rows] == \
+        [("ar", 0.0, 0.0, 1.0), ("ar", 1.0, 0.0, 1.0)]
+    smoke.print_syncs(rows)
+    assert capsys.readouterr().out.splitlines()[-1] == "| ar | 1 | 0.0 |  | 1.0 |"

@@ -23,7 +23,7 @@ import torch
 
 from decoding.engine import cuda_graph
 from decoding.engine.loop import generate
-from pipeline.zoo import METHODS, build_method, random_target
+from pipeline.zoo import METHODS, build_method, random_target, reads_the_host
 
 ROOT = Path(__file__).resolve().parents[2]
 FACTORIES = (torch.tensor, torch.as_tensor, torch.asarray, torch.from_numpy, torch.zeros, torch.ones, torch.full,
@@ -34,8 +34,6 @@ FROM_DATA = (torch.tensor, torch.as_tensor, torch.asarray, torch.Tensor.new_tens
 DATA_SHAPED = (torch.nonzero, torch.Tensor.nonzero, torch.argwhere, torch.Tensor.argwhere, torch.masked_select,
                torch.Tensor.masked_select, torch.unique, torch.Tensor.unique, torch.unique_consecutive,
                torch.Tensor.unique_consecutive, torch.bincount, torch.Tensor.bincount)
-READS = (torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__int__, torch.Tensor.__float__, torch.Tensor.__bool__,
-         torch.Tensor.__index__, torch.Tensor.cpu, torch.Tensor.numpy)
 HALF = (torch.bfloat16, torch.float16)
 
 
@@ -94,16 +92,6 @@ def writes_a_host_scalar(func, args, kwargs) -> bool:
     index = args[1] if isinstance(args[1], tuple) else (args[1],)
     ints = [i for i in index if isinstance(i, numbers.Integral) and not isinstance(i, (bool, np.bool_))]
     return len(ints) + index.count(Ellipsis) == len(index) and len(ints) == args[0].dim()
-
-
-def reads_the_host(func, args) -> bool:
-    if func in READS:
-        return True
-    if func is torch.Tensor.__getitem__:  # x[t] with a 0-dim integer tensor reads t on the host
-        index = args[1] if isinstance(args[1], tuple) else (args[1],)
-        return any(isinstance(i, torch.Tensor) and i.dim() == 0 and not i.is_floating_point()
-                   and i.dtype != torch.bool for i in index)
-    return False
 
 
 class HostWorkFinder(torch.overrides.TorchFunctionMode):
