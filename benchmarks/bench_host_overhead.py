@@ -36,7 +36,8 @@ import tempfile
 
 import torch
 
-from pipeline.zoo import METHODS, build_method, host_overhead, mixed_prompts, random_target
+from pipeline.step_probes import host_overhead
+from pipeline.zoo import METHODS, build_method, mixed_prompts, random_target
 
 
 def main() -> None:
@@ -53,7 +54,7 @@ def main() -> None:
     # also measured with method.compile=true (decoding/engine/compiled.py); each compiles once per temperature
     # branch (~30 s on a CPU core), and these rows are not the defaults the worst line is about
     ap.add_argument("--compiled", default="domino")
-    # torch calls per step outside the passes (pipeline/zoo.py HostOpCounter), from a second, untimed run:
+    # torch calls per step outside the passes (pipeline/step_probes.py HostOpCounter), from a second, untimed run:
     # a count that does not depend on the machine's load, where the times on a shared machine do
     ap.add_argument("--count-ops", action="store_true")
     ap.add_argument("--repeats", type=int, default=1, help="runs per row; the row shows the one with the least host time")

@@ -18,7 +18,7 @@ On one GPU (default shape: Qwen3-1.7B's, random weights; a few minutes):
    cross), on the device in the same dtype: the engine's hybrid-attention paths (docs/architectures.md),
    which the Qwen3 shape does not reach, under the device's own transformers;
 5. the device's own count of what the host waited for: every method at T=0 and T=1 on one prompt under
-   `torch.cuda.set_sync_debug_mode("warn")` (pipeline/zoo.py `device_syncs`), synchronizing operations per step
+   `torch.cuda.set_sync_debug_mode("warn")` (pipeline/step_probes.py `device_syncs`), synchronizing operations per step
    and the lines they came from, next to the host reads per step the CPU tests count by rule in the same
    steps (`host_reads`; tests/decoding/test_host_syncs.py BOUNDS); reported, not a failure. Off CUDA it says so and counts nothing, and that does not
    make the run incomplete (the tiny CPU run, CI's, has no CUDA to count on).
@@ -54,8 +54,8 @@ from decoding.engine.ties import diagnose
 from decoding.engine.transfer import synchronize
 from pipeline.errors import named_line
 from pipeline.summary import tie_counts
-from pipeline.zoo import (METHODS, build_method, device_syncs, host_overhead, host_reads, mixed_prompts,
-                         random_target)
+from pipeline.step_probes import device_syncs, host_overhead, host_reads
+from pipeline.zoo import METHODS, build_method, mixed_prompts, random_target
 
 SECTIONS = {"methods", "builders", "curve", "hybrid", "syncs"}  # 1-5 of the docstring
 

@@ -13,8 +13,8 @@ def zoo(tmp_path_factory):
 
 
 def reads_per_step(method, target, temperature) -> float:
-    """pipeline.zoo.host_reads: the reads of decoding steps 2 to last, per step (the rule: zoo.reads_the_host)."""
-    from pipeline.zoo import host_reads
+    """pipeline.step_probes.host_reads: the reads of decoding steps 2 to last, per step (the rule: reads_the_host)."""
+    from pipeline.step_probes import host_reads
 
     return host_reads(method, target, [7, 30, 31, 32, 33, 34] * 4, max_new_tokens=24, temperature=temperature,
                       seed=1)["reads_per_step"]

@@ -23,7 +23,8 @@ import torch
 
 from decoding.engine import cuda_graph
 from decoding.engine.loop import generate
-from pipeline.zoo import METHODS, build_method, random_target, reads_the_host
+from pipeline.step_probes import reads_the_host
+from pipeline.zoo import METHODS, build_method, random_target
 
 ROOT = Path(__file__).resolve().parents[2]
 FACTORIES = (torch.tensor, torch.as_tensor, torch.asarray, torch.from_numpy, torch.zeros, torch.ones, torch.full,
@@ -296,11 +297,11 @@ def test_the_finder_reports_a_host_read_inside_a_captured_function_only(monkeypa
 
 
 def test_the_gpus_own_sync_count_counts_each_warned_sync_per_step_after_the_first(zoo, monkeypatch):
-    """pipeline.zoo.device_syncs (gpu_smoke's section 5) on the CPU: the CUDA debug mode is faked, and the method
+    """pipeline.step_probes.device_syncs (gpu_smoke's section 5) on the CPU: the CUDA debug mode is faked, and the method
     warns as that mode does at a synchronizing operation, once per step, from one line."""
     import warnings
 
-    from pipeline.zoo import device_syncs
+    from pipeline.step_probes import device_syncs
 
     modes = []
     monkeypatch.setattr(torch.cuda, "get_sync_debug_mode", lambda: 0)
