@@ -1,6 +1,6 @@
 """What a decoding step costs the host, measured around any method on any device (the zoo's models, or a real
 target): `host_overhead` (time outside the network passes, with `ForwardTimer`; torch calls per step with
-`HostOpCounter`), `host_reads` (device->host reads per step, by the rule `reads_the_host`) and `device_syncs`
+`HostOpCounter`), `host_reads` (device->host reads per step, by the rule `host_reads_in`) and `device_syncs`
 (a CUDA device's own count of what the host waited for). Used by `benchmarks/bench_host_overhead.py`,
 `benchmarks/gpu_smoke.py` and tests/decoding/test_host_syncs.py, test_host_work.py."""
 
@@ -158,7 +158,6 @@ def device_syncs(method, target: TargetModel, prompt: list[int], max_new_tokens:
     came from (`folder/file:line` of the innermost Python frame: ours, transformers' or torch's). The CPU tests find
     such operations by rule (tests/decoding/test_host_work.py, test_host_syncs.py); this is the GPU's own count.
     Untimed: a warning costs host time."""
-    import collections
     import warnings
 
     from decoding.engine.loop import generate
@@ -174,58 +173,81 @@ def device_syncs(method, target: TargetModel, prompt: list[int], max_new_tokens:
         finally:
             torch.cuda.set_sync_debug_mode(previous)
     syncs = [w for w in caught[marks[0]:marks[-1]] if "synchroniz" in str(w.message)] if marks else []
-    sites = collections.Counter(f"{'/'.join(Path(w.filename).parts[-2:])}:{w.lineno}" for w in syncs)
     steps = max(state.stats.num_steps - 1, 1)
-    return {"syncs_per_step": round(len(syncs) / steps, 2), "steps": steps,
-            "sites": {site: round(n / steps, 2) for site, n in sites.most_common(top)}}
+    per_step, sites = per_step_with_sites([site_of(w.filename, w.lineno) for w in syncs], steps, top)
+    return {"syncs_per_step": per_step, "steps": steps, "sites": sites}
 
 
-# Tensor methods that read a tensor's data on the host: on a GPU each waits for the device
+def site_of(filename: str, line: int) -> str:
+    """`folder/file:line`, as the probes name where something happened."""
+    return f"{'/'.join(Path(filename).parts[-2:])}:{line}"
+
+
+def per_step_with_sites(sites: list[str], steps: int, top: int) -> tuple[float, dict[str, float]]:
+    """Events per step, and the `top` sites they came from with their own per-step counts."""
+    import collections
+
+    counts = collections.Counter(sites).most_common(top)
+    return round(len(sites) / steps, 2), {site: round(n / steps, 2) for site, n in counts}
+
+
+# Tensor methods that read a tensor's data on the host: on a GPU each waits for the device. The last four read
+# inside torch's own Python (`np.asarray(t)` calls `.numpy()`, an f-string or `repr` formats the values, `x in t`
+# calls `.item()`), where a TorchFunctionMode is off: the outer call is what it sees.
 HOST_READS = (torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__int__, torch.Tensor.__float__,
-              torch.Tensor.__bool__, torch.Tensor.__index__, torch.Tensor.cpu, torch.Tensor.numpy)
+              torch.Tensor.__bool__, torch.Tensor.__index__, torch.Tensor.cpu, torch.Tensor.numpy,
+              torch.Tensor.__array__, torch.Tensor.__format__, torch.Tensor.__repr__, torch.Tensor.__contains__)
 
 
-def reads_the_host(func, args) -> bool:
-    """Whether a call `__torch_function__` sees reads tensor data on the host: one of HOST_READS, or `x[t]`
-    with a 0-dim integer tensor `t` (indexing reads `t` in C++)."""
+def host_reads_in(func, args) -> int:
+    """How many host reads a call that `__torch_function__` sees makes: one for HOST_READS; for `x[index]` and
+    `x[index] = v`, one per 0-dim integer tensor in the index (indexing reads each in C++).
+    Not seen: a read C++ makes of a 0-dim tensor passed where an operation takes a number (e.g. `narrow(0, t, 1)`),
+    and any read inside a call already counted."""
     if func in HOST_READS:
-        return True
-    if func is torch.Tensor.__getitem__:
+        return 1
+    if func in (torch.Tensor.__getitem__, torch.Tensor.__setitem__):
         index = args[1] if isinstance(args[1], tuple) else (args[1],)
-        return any(isinstance(i, torch.Tensor) and i.dim() == 0 and not i.is_floating_point()
+        return sum(isinstance(i, torch.Tensor) and i.dim() == 0 and not i.is_floating_point()
                    and i.dtype != torch.bool for i in index)
-    return False
+    return 0
+
+
+TORCH_DIR = str(Path(torch.__file__).parent)
 
 
 class HostReadCounter(torch.overrides.TorchFunctionMode):
-    """Notes the line of every host read (`reads_the_host`) made from Python while active."""
+    """Notes the line of every host read (`host_reads_in`) made from Python while active: the innermost frame
+    outside torch (ours or transformers')."""
 
     def __init__(self):
         super().__init__()
         self.sites: list[str] = []
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if reads_the_host(func, args):
+        reads = host_reads_in(func, args)
+        if reads:
             import sys
 
-            caller = sys._getframe(1)
-            self.sites.append(f"{'/'.join(Path(caller.f_code.co_filename).parts[-2:])}:{caller.f_lineno}")
+            caller = sys._getframe(1)  # out of torch's Python (`__array__`, `__format__`, ... dispatch from there)
+            while caller.f_back is not None and caller.f_code.co_filename.startswith(TORCH_DIR):
+                caller = caller.f_back
+            self.sites += [site_of(caller.f_code.co_filename, caller.f_lineno)] * reads
         return func(*args, **(kwargs or {}))
 
 
 def host_reads(method, target: TargetModel, prompt: list[int], max_new_tokens: int, temperature: float = 0.0,
                seed: int = 0, top: int = 3) -> dict:
-    """The device->host reads per decoding step, found by rule on any device (HostReadCounter), counted as
-    `device_syncs` counts a GPU's syncs: steps 2 to last, with the `top` lines they came from."""
-    import collections
-
+    """The device->host reads a generation makes, found by rule on any device (HostReadCounter): per decoding step
+    as `device_syncs` counts a GPU's syncs (steps 2 to last, with the `top` lines they came from), and, in
+    `all_reads` over `all_steps`, the whole generation's (prefill, first step and `finish` included)."""
     from decoding.engine.loop import generate
 
     counter, marks = HostReadCounter(), []
     with counter:
         state = generate(method, target, prompt, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
                          on_step=lambda s: marks.append(len(counter.sites)))
-    reads = counter.sites[marks[0]:marks[-1]] if marks else []
     steps = max(state.stats.num_steps - 1, 1)
-    return {"reads_per_step": round(len(reads) / steps, 2), "steps": steps,
-            "sites": {site: round(n / steps, 2) for site, n in collections.Counter(reads).most_common(top)}}
+    per_step, sites = per_step_with_sites(counter.sites[marks[0]:marks[-1]] if marks else [], steps, top)
+    return {"reads_per_step": per_step, "steps": steps, "sites": sites, "all_reads": len(counter.sites),
+            "all_steps": state.stats.num_steps}

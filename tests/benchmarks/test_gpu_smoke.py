@@ -305,4 +305,4 @@ def test_each_rows_sync_count_comes_with_the_cpu_rules_read_count(tmp_path, monk
     assert [(r["method"], r["T"], r["syncs_per_step"], r["reads_per_step"]) for r in rows] == \
         [("ar", 0.0, 0.0, 1.0), ("ar", 1.0, 0.0, 1.0)]
     smoke.print_syncs(rows)
-    assert capsys.readouterr().out.splitlines()[-1] == "| ar | 1 | 0.0 |  | 1.0 |"
+    assert capsys.readouterr().out.splitlines()[-1] == "| ar | 1 | 0.0 |  | 1.0 (engine/transfer.py:44) |"

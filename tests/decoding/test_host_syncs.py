@@ -12,12 +12,12 @@ def zoo(tmp_path_factory):
     return random_target("tiny"), tmp_path_factory.mktemp("zoo_syncs")
 
 
-def reads_per_step(method, target, temperature) -> float:
-    """pipeline.step_probes.host_reads: the reads of decoding steps 2 to last, per step (the rule: reads_the_host)."""
+def reads(method, target, temperature) -> dict:
+    """pipeline.step_probes.host_reads (the rule: host_reads_in) on one prompt."""
     from pipeline.step_probes import host_reads
 
     return host_reads(method, target, [7, 30, 31, 32, 33, 34] * 4, max_new_tokens=24, temperature=temperature,
-                      seed=1)["reads_per_step"]
+                      seed=1, top=20)
 
 
 # device->host reads allowed per step: drafting (one copy of the drafted tokens) + acceptance (one) +
@@ -37,8 +37,10 @@ def test_device_to_host_reads_per_step_are_bounded(name, temperature, zoo, monke
     target, folder = zoo
     monkeypatch.setenv("SPECDEC_CACHE", str(folder))
     method = build_method(name, target, folder)
-    reads = reads_per_step(method, target, temperature)
-    assert 1 <= reads <= BOUNDS[name]  # at least one: the host learns what was accepted
+    counted = reads(method, target, temperature)
+    assert 1 <= counted["reads_per_step"] <= BOUNDS[name]  # at least one: the host learns what was accepted
+    # the whole generation: prefill, begin, the first step and finish add at most one read per two steps
+    assert counted["all_reads"] / counted["all_steps"] <= BOUNDS[name] + 0.5
 
 
 def test_dominotree_reads_once_per_depth_not_per_node(zoo):
@@ -57,9 +59,34 @@ def test_dominotree_reads_once_per_depth_not_per_node(zoo):
         return proposal
 
     method.propose = propose
-    reads = reads_per_step(method, target, 0.0)
-    assert depths and reads <= max(depths) + 1 + 3
-    assert reads < method.config.num_nodes  # the node-by-node builder read once per expanded node
+    per_step = reads(method, target, 0.0)["reads_per_step"]
+    assert depths and per_step <= max(depths) + 1 + 3
+    assert per_step < method.config.num_nodes  # the node-by-node builder read once per expanded node
+
+
+def test_the_read_counter_sees_every_kind_of_read_at_its_line(zoo):
+    """AR (one read per step) with a propose that also reads the host once per step in each way the rule knows,
+    twice through a two-tensor index: 17 reads per step, 16 of them charged to this file's lines."""
+    import numpy as np
+    import torch
+
+    from pipeline.zoo import build_method
+
+    target, folder = zoo
+    method = build_method("ar", target, folder)
+    real, t, v = method.propose, torch.tensor(2), torch.arange(5)
+
+    def propose(state):
+        int(t), float(t), bool(t), t.item(), v.tolist(), range(t), v.cpu(), v.numpy()  # 8 reads
+        np.asarray(v), f"{t}", repr(v), 3 in v  # 4 reads inside torch's Python, charged here
+        v[t], v.clone().__setitem__(t, 0)  # 2 reads
+        v.view(1, 5)[t - t, t]  # 2 reads
+        return real(state)
+
+    method.propose = propose
+    counted = reads(method, target, 0.0)
+    here = {site: n for site, n in counted["sites"].items() if site.startswith("decoding/test_host_syncs.py:")}
+    assert counted["reads_per_step"] == 17.0 and sorted(here.values()) == [2.0, 2.0, 4.0, 8.0]
 
 
 def test_prefill_computes_logits_for_the_last_row_only_even_with_hidden_taps(tiny_llama):

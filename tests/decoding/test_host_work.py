@@ -23,7 +23,7 @@ import torch
 
 from decoding.engine import cuda_graph
 from decoding.engine.loop import generate
-from pipeline.step_probes import reads_the_host
+from pipeline.step_probes import host_reads_in
 from pipeline.zoo import METHODS, build_method, random_target
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -112,7 +112,7 @@ class HostWorkFinder(torch.overrides.TorchFunctionMode):
                                 ("data-shaped", shape_depends_on_data(func, args, kwargs)),
                                 ("upcast", promotes_half_precision(func, args, kwargs)),
                                 ("host scalar", writes_a_host_scalar(func, args, kwargs)),
-                                ("host read", self.in_graph > 0 and reads_the_host(func, args))):
+                                ("host read", self.in_graph > 0 and host_reads_in(func, args))):
                 if found:
                     self.record(kind, func)
         return func(*args, **kwargs)
