@@ -8,7 +8,8 @@ Per answer it prints
   over every answer position, teacher-forced) on the same decoded text;
 - `corpus`: the same metric on the corpus answer itself (what `training.json` averages);
 - `differ`: decoding steps whose accepted drafts differ from the leading run validation computes at that root
-  (a last step's drafts past the end of the text, at EOS or `--max-new-tokens`, are not counted).
+  (at the end of the text, at EOS or `--max-new-tokens`, the engine counts a step's accepted drafts up to its
+  committed tokens minus one, and the prediction is capped the same way).
 Decoding stops at the model's EOS, as the runner does. A decoding step starts only where the previous one
 stopped, so step starts are a biased sample of the positions: tau need not equal the per-position mean even when
 every step accepts exactly what validation predicts. The `all` line pools steps and positions over the answers.
@@ -87,9 +88,9 @@ def main() -> None:
         del method.step
         ids = torch.tensor(prompt + state.new_tokens)
         run, rows = leading_runs(ids, prompt_len)
-        # a last step may accept drafts past the text's end (EOS, the token limit): only the kept ones count
-        kept = [min(a, len(ids) - 1 - r) for a, r in zip(accepted, roots)]
-        differ = sum(a != int(run[r - 1]) for a, r in zip(kept, roots))
+        # at the text's end (EOS, the token limit) the engine counts a step's accepted drafts up to its committed
+        # tokens minus one (`committed_drafts`: the last in the bonus's place), and so does the prediction
+        differ = sum(a != min(int(run[r - 1]), len(ids) - 2 - r) for a, r in zip(accepted, roots))
         corpus_run, corpus_rows = leading_runs(sample["ids"], prompt_len)
         pos_sum, pos_n = float((1 + run.float())[rows].sum()), int(rows.sum())
         corpus_sum, corpus_n = float((1 + corpus_run.float())[corpus_rows].sum()), int(corpus_rows.sum())
