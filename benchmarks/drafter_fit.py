@@ -7,9 +7,9 @@ training-time-test step, expected chain accept length at T=0, teacher-forced; DF
 - `validation`: the held-out answers (`drafter.val_sequences`, the corpus's lowest prompt hashes, as
   `pipeline/train/trainer.py` `training_samples` picks them);
 - `training`: the first `--train-answers` of the training pool in the trainer's shuffled order (a leg draws
-  4 answers per step at random from the pool, so most of these were drawn at least once: the shipped EAGLE-3
-  drafter's 3592 steps drew 14,368 answers, the first 4,800 from the 7,718 the corpus then had, the rest from
-  10,966; the DFlash drafter's 3414 steps 13,656).
+  4 answers per step at random from the pool, so most of these were drawn at least once: the EAGLE-3 drafter
+  shipped since 2026-12-06 drew 14,400 answers in its 3600 steps, all from the complete corpus; the DFlash
+  drafter's 3414 steps 13,656).
 Similar figures on both mean no sign of overfitting (an underfit drafter shows the same); whether more passes
 over the data help is for further training legs to measure. A large gap would mean it is short of data.
 
