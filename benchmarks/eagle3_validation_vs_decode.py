@@ -39,7 +39,7 @@ def main() -> None:
     from hydra import compose, initialize_config_module
     from omegaconf import OmegaConf
 
-    from decoding.engine.loop import generate
+    from decoding.engine.loop import committed_drafts, generate
     from decoding.engine.target import TargetModel
     from decoding.methods.eagle3 import Eagle3, Eagle3Config
     from pipeline.models import load_model, stop_token_ids
@@ -88,9 +88,9 @@ def main() -> None:
         del method.step
         ids = torch.tensor(prompt + state.new_tokens)
         run, rows = leading_runs(ids, prompt_len)
-        # at the text's end (EOS, the token limit) the engine counts a step's accepted drafts up to its committed
-        # tokens minus one (`committed_drafts`: the last in the bonus's place), and so does the prediction
-        differ = sum(a != min(int(run[r - 1]), len(ids) - 2 - r) for a, r in zip(accepted, roots))
+        # the prediction counted as the engine counts a step (`committed_drafts`), with the text after the root as
+        # the most it can have committed: at the text's end (EOS, the token limit) that caps it
+        differ = sum(a != committed_drafts(int(run[r - 1]), ids[r + 1:]) for a, r in zip(accepted, roots))
         corpus_run, corpus_rows = leading_runs(sample["ids"], prompt_len)
         pos_sum, pos_n = float((1 + run.float())[rows].sum()), int(rows.sum())
         corpus_sum, corpus_n = float((1 + corpus_run.float())[corpus_rows].sum()), int(corpus_rows.sum())

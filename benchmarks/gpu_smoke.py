@@ -571,7 +571,8 @@ def print_syncs(syncs) -> None:
     if isinstance(syncs, dict):
         print(f"device syncs per step: {syncs.get('error') or syncs.get('skipped')}", flush=True)
         return
-    print("| method | T | device syncs per step | where | host reads per step (the CPU's rule) |\n|---|---|---|---|---|")
+    print("| method | T | device syncs per step | where | host reads per step (the CPU's rule) |\n"
+          "|---|---|---|---|---|")
     for r in syncs:
         where = r.get("error") or ", ".join(f"{site} ({n})" for site, n in r["sites"].items())
         reads = " ".join([str(r.get("reads_per_step", ""))] + [f"({site})" for site in r.get("reads_sites", {})])

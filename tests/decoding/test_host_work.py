@@ -297,8 +297,8 @@ def test_the_finder_reports_a_host_read_inside_a_captured_function_only(monkeypa
 
 
 def test_the_gpus_own_sync_count_counts_each_warned_sync_per_step_after_the_first(zoo, monkeypatch):
-    """pipeline.step_probes.device_syncs (gpu_smoke's section 5) on the CPU: the CUDA debug mode is faked, and the method
-    warns as that mode does at a synchronizing operation, once per step, from one line."""
+    """pipeline.step_probes.device_syncs (gpu_smoke's section 5) on the CPU: the CUDA debug mode is faked, and the
+    method warns as that mode does at a synchronizing operation, once per step, from one line."""
     import warnings
 
     from pipeline.step_probes import device_syncs

@@ -7,7 +7,7 @@ from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
 from decoding.methods.ar import AR
-from decoding.engine.loop import generate
+from decoding.engine.loop import committed_drafts, generate
 from decoding.methods.pld import PLDConfig, PromptLookup
 from decoding.engine.target import TargetModel
 from decoding.engine.tree import TokenTree
@@ -143,10 +143,10 @@ def test_shipped_smollm2_eagle3_chain_accepts_at_every_step_what_its_validation_
                           length)
     agree = torch.stack([a & ok for _, a, ok in steps])  # [length, T-1]: row t drafts after root t + 1
     run = agree.int().cumprod(0).sum(0)
-    # the draft at row root - 1 predicts the token after the root; at the text's end (EOS, the token limit) the
-    # engine counts a step's accepted drafts up to its committed tokens minus one (`committed_drafts`: the last
-    # in the bonus's place), and so does the prediction
-    predicted = [min(int(run[r - 1]), len(ids) - 2 - r) for r in roots]
+    # the draft at row root - 1 predicts the token after the root; the prediction is counted as the engine counts
+    # a step (`committed_drafts`), with the text after the root as the most it can have committed: at the text's
+    # end (EOS, the token limit) that caps it, elsewhere it does not bind
+    predicted = [committed_drafts(int(run[r - 1]), ids[r + 1:]) for r in roots]
     assert sum(accepted) > 0.2 * len(state.new_tokens), "the chain must accept drafts for the check to bite"
     differing = sum(a != p for a, p in zip(accepted, predicted))
     assert differing <= 1, list(zip(accepted, predicted))
@@ -180,8 +180,8 @@ def test_shipped_smollm2_dflash_accepts_at_every_step_what_its_training_objectiv
         z = drafter_forward(method.drafter, model.get_input_embeddings(), sample,
                             Blocks(anchors, rows, labels, torch.ones(len(roots), size)), method.drafter.spec.mask_token_id)
         right = (model.get_output_embeddings()(z).argmax(-1) == labels)[:, 1:]  # row k drafts the token at root + k
-    # at the text's end the engine counts up to the committed tokens minus one (`committed_drafts`), as above
-    predicted = [min(p, len(ids) - 2 - r) for p, r in zip(right.int().cumprod(1).sum(1).tolist(), roots)]
+    # counted as the engine counts a step (`committed_drafts`), as above
+    predicted = [committed_drafts(p, ids[r + 1:]) for p, r in zip(right.int().cumprod(1).sum(1).tolist(), roots)]
     assert sum(accepted) > 0.1 * len(state.new_tokens), "drafts must be accepted for the check to bite"
     assert sum(a != p for a, p in zip(accepted, predicted)) <= 1, list(zip(accepted, predicted))
 
