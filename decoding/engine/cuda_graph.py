@@ -95,11 +95,14 @@ def _capture(fn: Callable, arguments: dict):
         graph.capture_begin()
         try:
             out = fn(**arguments)
-        except RuntimeError as error:  # an operation a graph cannot hold (a host read, a sync)
+        except BaseException as error:  # an operation a graph cannot hold (a host read, a sync), or an interrupt
             try:
-                graph.capture_end()
+                graph.capture_end()  # always: a capture left open keeps the allocator routing to its pool
             except RuntimeError:
                 pass  # the capture was already broken by `error`, which names the operation
+            if not isinstance(error, Exception):  # KeyboardInterrupt, SystemExit: not the function's fault
+                raise
+            # fn ran eagerly just before (the warm-up), so what fails only while capturing is the capture's
             raise GraphCaptureError(_first_line(error)) from error
         try:
             graph.capture_end()

@@ -1,6 +1,7 @@
 """decoding/engine/cuda_graph.py on the CPU: the buffer bookkeeping of a graph replay, emulated (a CUDA graph
 itself only runs on a GPU: benchmarks/gpu_smoke.py checks the capture there)."""
 
+import contextlib
 import logging
 
 import pytest
@@ -116,3 +117,55 @@ def test_a_captured_graph_replays_on_the_gpu():
         torch.testing.assert_close(out, (x @ weight) * 2)
         torch.testing.assert_close(total, x.sum())
     assert replayer.captures == 1
+
+
+class FakeCapture:
+    """Stands in for torch.cuda's stream and graph objects, so the capture's error handling runs on a CPU."""
+
+    def __init__(self):
+        self.began = self.ended = 0
+
+    def install(self, monkeypatch) -> None:
+        fake = self
+
+        class Graph:
+            def capture_begin(self):
+                fake.began += 1
+
+            def capture_end(self):
+                fake.ended += 1
+
+        class Stream:
+            def wait_stream(self, other):
+                pass
+
+            def synchronize(self):
+                pass
+
+        monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+        monkeypatch.setattr(torch.cuda, "Stream", Stream)
+        monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: Stream())
+        monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+
+
+@pytest.mark.parametrize("raised, expected", [(RuntimeError("operation not permitted when stream is capturing"),
+                                               GraphCaptureError),
+                                              (TypeError("only while capturing"), GraphCaptureError),
+                                              (KeyboardInterrupt(), KeyboardInterrupt)])
+def test_a_function_failing_inside_the_capture_always_ends_it(monkeypatch, raised, expected):
+    """Whatever the function raises while capturing (its eager warm-up passed), the capture is ended before the
+    error goes up: one left open keeps PyTorch's allocator routing the stream's allocations to the graph's pool.
+    An interrupt goes up as itself, not as a capture error."""
+    capture = FakeCapture()
+    capture.install(monkeypatch)
+    calls = []
+
+    def fails_the_second_time(x):
+        calls.append(1)
+        if len(calls) == 2:  # the first call is the warm-up outside the graph
+            raise raised
+        return x + 1
+
+    with pytest.raises(expected):
+        cuda_graph._capture(fails_the_second_time, {"x": torch.zeros(2)})
+    assert (capture.began, capture.ended) == (1, 1)
