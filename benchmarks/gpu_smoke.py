@@ -67,7 +67,8 @@ def run_methods(target, folder, shape, names, prompt_ids, max_new_tokens, compil
     `eager` with method.cuda_graph=false and those of `graphed` on the same weights with model.cuda_graph=true
     (`graphed_target`). Each row goes to `on_row` as soon as it is measured (a run cut short keeps what it
     printed). A method not started by `deadline` (a perf_counter time) is a `skipped` row, so the later
-    sections still run inside the device's time limit."""
+    sections still run inside the device's time limit. A graphed row's forward time includes the captures of
+    the buckets first met after host_overhead's short warm-up (`graph_captures` counts them all)."""
     rows, ar_outputs = [], None
     on_row = on_row or print_row
     variants = [(n, "", {}, None) for n in names] + [(n, " compiled", {"compile": True}, None) for n in compiled] + \
