@@ -53,6 +53,25 @@ ARCHITECTURES = {
                                     attn_logit_softcapping=50.0, attn_implementation="eager")),
 }
 
+# More families, outside the tested matrix: `benchmarks/arch_probe.py` runs every method on them (AR against the
+# model's uncached forward, the lossless methods against AR), and tests/decoding/engine/test_readout.py covers the
+# ones whose forward scales embeddings or logits (Granite, Cohere).
+PROBED_ARCHITECTURES = {
+    "phi3": ("Phi3Config", dict()),
+    "qwen3_moe": ("Qwen3MoeConfig", dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)),
+    "olmo2": ("Olmo2Config", dict()),
+    "olmo3": ("Olmo3Config", dict(sliding_window=8)),
+    "smollm3": ("SmolLM3Config", dict(no_rope_layer_interval=2)),  # every other layer without RoPE
+    "exaone4": ("Exaone4Config", dict(sliding_window=8)),
+    # Llama 3.1's RoPE scaling
+    "llama3.1": ("LlamaConfig", dict(rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                   "high_freq_factor": 4.0, "original_max_position_embeddings": 1024})),
+    # Granite: embeddings x embedding_multiplier, logits / logits_scaling (decoding/engine/readout.py)
+    "granite": ("GraniteConfig", dict(embedding_multiplier=2.0, logits_scaling=2.0, residual_multiplier=0.5,
+                                      attention_multiplier=0.25)),
+    "cohere": ("CohereConfig", dict(logit_scale=0.5)),  # logits x logit_scale
+}
+
 METHODS = ("ar", "pld", "lookahead", "self_draft", "ptd", "ptd_forest", "sd", "sd_slim", "spec_cascade", "via_sd",
            "via_sd_eagle3", "dflash", "ddtree", "caddtree", "domino", "dominotree", "dominotree_reference", "eagle3")
 LOSSLESS = tuple(m for m in METHODS if m not in ("spec_cascade", "via_sd", "via_sd_eagle3"))
@@ -67,12 +86,12 @@ def mixed_prompts(count: int, high: int) -> list[list[int]]:
 
 
 def random_config(shape: str = "tiny", arch: str = "qwen3", init_range: float = 0.2, num_layers: int | None = None):
-    """The config of a random `arch` model (one of ARCHITECTURES) of `shape` (one of SHAPES); `num_layers`
-    overrides the shape's depth (architectures without a fixed list of layer types)."""
+    """The config of a random `arch` model (one of ARCHITECTURES or PROBED_ARCHITECTURES) of `shape` (one of
+    SHAPES); `num_layers` overrides the shape's depth (architectures without a fixed list of layer types)."""
     import transformers
 
     fields, _ = SHAPES[shape]
-    class_name, extra = ARCHITECTURES[arch]
+    class_name, extra = {**ARCHITECTURES, **PROBED_ARCHITECTURES}[arch]
     fields = {**fields, **extra}
     if num_layers is not None:
         if "layer_types" in fields:

@@ -15,8 +15,8 @@ layer fed by a slimmed residual stream is not the full model's KV (a later full 
 Sliding-window attention (Gemma 2/3, Qwen2 with its window on, Mistral): the model's layer types and its sliding
 layers' caches are handled in one place, decoding/engine/attention_layout.py (masks per layer type, the
 window applied to the block rows' positions, sliding caches compacted and cut like the others);
-the layer-subset path gives each layer its type's mask and rotary embedding and applies the
-model's final-logit soft-capping, as the model's own forward does.
+the layer-subset path gives each layer its type's mask and rotary embedding and repeats what the model's
+own forward does around its stack (embedding multiplier, logit scale, soft-cap: decoding/engine/readout.py).
 
 CUDA graphs (`graphs=`, `model.cuda_graph`): on a GPU, a full-model block forward of up to
 static_forward.MAX_ROWS rows is replayed from a CUDA graph at fixed shapes (decoding/engine/static_forward.py);
@@ -35,6 +35,7 @@ from transformers import DynamicCache
 
 from decoding.engine import attention_layout, cuda_graph, kv_cache, static_forward
 from decoding.engine.attention_layout import AttentionLayout
+from decoding.engine.readout import Readout
 from decoding.engine.cuda_graph import GraphReplayer
 from decoding.engine.kv_cache import BufferedLayer, KVBuffer, buffered_cache
 from decoding.engine.static_forward import StaticBlock
@@ -49,12 +50,6 @@ class ForwardOutput:
     hidden: dict[int, torch.Tensor] = field(default_factory=dict)  # layer id -> [n, H] (output of that decoder layer)
     # taps of the committed tokens re-run in front of the block (the engine's pending catch-up), in order
     pending_hidden: dict[int, torch.Tensor] = field(default_factory=dict)
-
-
-def soft_cap(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
-    """The final-logit soft-capping of models that have one (Gemma 2: cap * tanh(logits / cap)), as
-    their ForCausalLM forward applies it; identity for the others."""
-    return logits if cap is None else torch.tanh(logits / cap) * cap
 
 
 def cache_argument(params, fallback: str) -> str:
@@ -100,7 +95,10 @@ class TargetModel:
         self._sliding_layer = next((i for i in self.layers if self.layout.types[i] == attention_layout.SLIDING), None)
         rotary = getattr(getattr(model, "model", None), "rotary_emb", None)  # the layer-subset path's RoPE
         self._rotary_per_type = rotary is not None and "layer_type" in inspect.signature(rotary.forward).parameters
-        self._logit_softcap = getattr(self.config, "final_logit_softcapping", None)
+        # what the model's forward does around its stack (embedding multiplier, logit scale, soft-cap): the
+        # layer-subset path repeats it, checked against the model's own forward at its first use
+        self.readout = Readout.of(self.config)
+        self._readout_checked = False
         self.context_limit: int | None = getattr(self.config, "max_position_embeddings", None)
         self.kv_buffer = kv_buffer
         self.cache: DynamicCache | None = None
@@ -357,7 +355,7 @@ class TargetModel:
         h = out.last_hidden_state[0]
         if last_row is not None:
             h = h.index_select(0, last_row)
-        logits = soft_cap(self.model.lm_head(h), self._logit_softcap).to(self.device).float()
+        logits = self.readout.logits(self.model.lm_head(h)).to(self.device).float()
         return (logits, *(out.hidden_states[i + 1][0].to(self.device) for i in taps))
 
     def forward_tree(self, tree: TokenTree, hidden_layers: tuple[int, ...] = ()) -> ForwardOutput:
@@ -392,7 +390,11 @@ class TargetModel:
         """The decoder stack with only `layers` (skipped layers pass the residual stream through
         and write no KV), built from the model's own modules: embeddings, rotary embedding (per
         layer type where the model has one per type), decoder layers (each with its type's mask,
-        writing its KV to its own cache layer by its layer index), final norm, head, soft-cap."""
+        writing its KV to its own cache layer by its layer index), final norm, head, and the model's readout
+        (decoding/engine/readout.py: embedding multiplier, logit scale, soft-cap)."""
+        if not self._readout_checked:  # once per model: a forward doing more than the readout knows is refused
+            self.readout.check_once(self.model)
+            self._readout_checked = True
         stack, head, types = self.model.model, self.model.lm_head, self.layout.types
         prefix = self.cache_len
         # plain causal chain after the cached prefix (one row needs no mask: forward() has built one where a sliding
@@ -402,7 +404,7 @@ class TargetModel:
             chain = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
             mask = self.layout.masks(chain, positions, prefix, self.dtype, self._sliding_keys())
         pos = positions[None]
-        h = stack.embed_tokens(tokens[None])
+        h = self.readout.embed(stack.embed_tokens(tokens[None]))
         if self._rotary_per_type:
             rope = {t: stack.rotary_emb(h, pos, t) for t in dict.fromkeys(types[i] for i in layers)}
         else:
@@ -419,5 +421,5 @@ class TargetModel:
             h = h[:, -1:]
         if self.exit_head is not None:
             h = self.exit_head(h)
-        logits = soft_cap(head(stack.norm(h)), self._logit_softcap)[0]
+        logits = self.readout.logits(head(stack.norm(h)))[0]
         return ForwardOutput(logits.to(self.device).float(), hidden)  # from the head's device under a device_map

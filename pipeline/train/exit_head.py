@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from decoding.drafting.exit_head import ExitTranslator, save_exit_head
 from pipeline.errors import ConfigError
-from decoding.engine.target import soft_cap
+from decoding.engine.readout import Readout as ModelReadout
 from pipeline.train.config import TrainConfig
 from pipeline.train.trainer import (learning_rate, make_wandb, progress_bar, publish, resume_state, save_state,
                                     start_run, training_samples)
@@ -40,13 +40,14 @@ class Readout:
         self.norm = model.model.norm
         self.unembed = model.get_output_embeddings().weight.detach().float()
         self.device = self.unembed.device
-        self.cap = getattr(model.config, "final_logit_softcapping", None)  # Gemma 2: as the drafter's readout
+        # the model's logit scale and soft-cap (Granite, Cohere, Gemma 2), as the drafter's readout applies them
+        self.model_readout = ModelReadout.of(model.config)
 
     def teacher(self, finals: torch.Tensor) -> torch.Tensor:
-        return soft_cap(F.linear(finals, self.unembed), self.cap)
+        return self.model_readout.logits(F.linear(finals, self.unembed))
 
     def student(self, head, h: torch.Tensor) -> torch.Tensor:
-        return soft_cap(F.linear(self.norm(head(h)).float(), self.unembed), self.cap)
+        return self.model_readout.logits(F.linear(self.norm(head(h)).float(), self.unembed))
 
 
 def drafting_rows(sample: dict) -> slice:

@@ -65,7 +65,7 @@ def test_hybrid_architectures_really_mix_layer_types_with_a_window_the_prompts_c
         assert set(layout.types) == {"full_attention", "sliding_attention"}, arch
         assert layout.windows["sliding_attention"] == 8 < len(prompts()[0])
     assert arch_target("mistral").layout.types == ("sliding_attention",) * 6
-    assert arch_target("gemma2")._logit_softcap == 30.0
+    assert arch_target("gemma2").readout.softcap == 30.0
 
 
 @pytest.mark.parametrize("arch", ARCHS)

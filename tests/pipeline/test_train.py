@@ -573,3 +573,19 @@ def test_the_eagle3_teacher_is_the_targets_own_distribution_soft_cap_included():
     drafter = new_eagle3(target.config, [0, 1, 2], 40, torch.arange(target.config.vocab_size).flip(0).float(), 0)
     steps = ttt_steps(drafter, target.get_input_embeddings(), feats, finals, Recorded(target), ids, 10, 2)
     assert Recorded.calls == 1 and len(steps) == 2 and torch.isfinite(steps[0][0])
+
+
+@pytest.mark.parametrize("arch", ["granite", "cohere"])
+def test_the_trainers_teacher_is_the_targets_own_logits_where_the_forward_scales_them(arch):
+    """The exit-head and EAGLE-3 trainers' soft labels (`Readout.teacher`) are the target's logits as its forward
+    returns them: Granite divides them by logits_scaling, Cohere multiplies them by logit_scale (before 2026-12-06,
+    night, a plain matmul: a teacher at another temperature)."""
+    from pipeline.train.eagle3 import teacher_pass
+    from pipeline.train.exit_head import Readout
+    from pipeline.zoo import mixed_prompts, random_target
+
+    target = random_target("tiny", arch=arch).model
+    ids = torch.tensor(mixed_prompts(1, 40)[0])
+    _, finals = teacher_pass(target, ids, [0, 1, 2])
+    with torch.no_grad():
+        torch.testing.assert_close(Readout(target).teacher(finals), target(ids[None]).logits[0].float())

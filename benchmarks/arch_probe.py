@@ -1,0 +1,114 @@
+"""Does the engine run a model family? Every method on a tiny random model of each family of
+`pipeline.zoo.PROBED_ARCHITECTURES` (Phi-3, Qwen3-MoE, OLMo 2/3, SmolLM3, EXAONE 4, Llama 3.1's RoPE scaling,
+Granite, Cohere; or of ARCHITECTURES, the tested matrix of tests/decoding/test_architectures.py), with random
+drafters of the matching shape (pipeline/zoo.py), on a repetitive prompt and a random one:
+- AR against the model's own uncached greedy forward (token for token);
+- the readout check of the layer-subset path (decoding/engine/readout.py) and that path over all layers
+  against the model's forward (max |difference| of the logits);
+- at T = 0 every lossless method against AR (fp32: token for token), the lossy ones run; at T = 1 every method runs.
+
+    python benchmarks/arch_probe.py [--archs granite,cohere] [--methods ar,sd_slim,via_sd] [--tokens 24]
+
+One line per family, then what failed; last line: `families probed: N, every check passed: <names>` (exit 1 where
+a check failed). A random model accepts drafts only by chance: this checks that the methods run and stay
+lossless there, not how well they draft.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from decoding.engine.loop import generate
+from decoding.methods.ar import AR
+from pipeline.zoo import (ARCHITECTURES, LOSSLESS, METHODS, PROBED_ARCHITECTURES, build_method, mixed_prompts,
+                          random_target)
+
+
+def uncached_greedy(model, prompt: list[int], n: int) -> list[int]:
+    seq = list(prompt)
+    with torch.inference_mode():
+        for _ in range(n):
+            seq.append(int(model(torch.tensor([seq])).logits[0, -1].argmax()))
+    return seq[len(prompt):]
+
+
+def subset_gap(target, seq: list[int], split: int = 10) -> float:
+    """max |logits| difference between the layer-subset path over every layer and the model's own forward."""
+    target.prefill(seq[:split])
+    subset = target._run_layers(torch.tensor(seq[split:]), torch.arange(split, len(seq)), None, (), False,
+                                target.layers).logits
+    target.prefill(seq[:split])
+    full = target.forward(seq[split:], list(range(len(seq) - split))).logits
+    return (subset - full).abs().max().item()
+
+
+def probe(arch: str, methods: list[str], tokens: int) -> tuple[str, list[str]]:
+    """(the family's line, what failed)."""
+    target = random_target("tiny", arch=arch)
+    prompts = mixed_prompts(2, 500)
+    ar = [generate(AR(), target, p, max_new_tokens=tokens).new_tokens for p in prompts]
+    failed = [] if ar == [uncached_greedy(target.model, p, tokens) for p in prompts] else ["AR != uncached forward"]
+    try:
+        target.readout.check(target.model)
+        gap = subset_gap(target, prompts[1])
+        readout = f"subset path {gap:.1e}"
+        if gap > 1e-4:
+            failed.append(f"layer-subset path differs from the forward by {gap:.3g}")
+    except Exception as err:  # noqa: BLE001 - the check's one line is the result
+        readout = "subset path refused"
+        failed.append(f"readout: {str(err).splitlines()[0]}")
+    folder = Path(tempfile.mkdtemp(prefix=f"arch_probe_{arch}_"))
+    equal = ran = 0
+    for name in (m for m in methods if m != "ar"):
+        for temperature in (0.0, 1.0):
+            try:
+                method = build_method(name, target, folder)
+                outs = [generate(method, target, p, max_new_tokens=tokens, temperature=temperature, seed=1).new_tokens
+                        for p in prompts]
+            except Exception as err:  # noqa: BLE001 - a crash is a result here
+                failed.append(f"{name} T={temperature:g}: {type(err).__name__}: {str(err).splitlines()[0][:160]}")
+                continue
+            ran += 1
+            if temperature == 0 and name in LOSSLESS:
+                if outs == ar:
+                    equal += 1
+                else:
+                    failed.append(f"{name} T=0: differs from AR (fp32)")
+    lossless = sum(1 for m in methods if m in LOSSLESS and m != "ar")
+    line = (f"{arch:10s} {target.config.model_type:10s} {readout:22s} {equal}/{lossless} lossless = AR, "
+            f"{ran}/{2 * (len(methods) - ('ar' in methods))} runs")
+    return line, failed
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--archs", default=",".join(PROBED_ARCHITECTURES))
+    ap.add_argument("--methods", default=",".join(m for m in METHODS if m != "dominotree_reference"))
+    ap.add_argument("--tokens", type=int, default=24)
+    args = ap.parse_args()
+    archs, methods = args.archs.split(","), args.methods.split(",")
+    unknown = [a for a in archs if a not in {**ARCHITECTURES, **PROBED_ARCHITECTURES}] + \
+        [m for m in methods if m not in METHODS]
+    if unknown:
+        ap.error(f"unknown: {', '.join(unknown)}")
+    torch.set_num_threads(1)
+    passed, problems = [], []
+    print(f"{len(archs)} families, fp32, {len(methods)} methods at T=0 and 1, {args.tokens} tokens", flush=True)
+    for arch in archs:
+        line, failed = probe(arch, methods, args.tokens)
+        print(line, flush=True)
+        problems += [f"  {arch}: {f}" for f in failed]
+        if not failed:
+            passed.append(arch)
+    print("\n".join(problems) if problems else "no failures")
+    print(f"families probed: {len(archs)}, every check passed: {', '.join(passed) or 'none'}")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

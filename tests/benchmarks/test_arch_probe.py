@@ -1,0 +1,38 @@
+"""benchmarks/arch_probe.py: a line per model family, the failures named, exit 1 on one."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+def run(*args):
+    return subprocess.run([sys.executable, "benchmarks/arch_probe.py", *args], cwd=PROJECT_ROOT, capture_output=True,
+                          text=True, timeout=600)
+
+
+def test_the_probe_passes_a_scaled_family_and_names_what_it_ran():
+    proc = run("--archs", "granite,phi3", "--methods", "ar,ptd,sd_slim,via_sd", "--tokens", "12")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    granite = next(ln for ln in lines if ln.startswith("granite"))
+    assert "subset path 0.0e+00" in granite and "2/2 lossless = AR, 6/6 runs" in granite
+    assert lines[-2:] == ["no failures", "families probed: 2, every check passed: granite, phi3"]
+
+
+def test_a_failing_family_is_named_and_the_exit_code_says_so(tmp_path):
+    """A family whose readout the layer-subset path does not know (the Readout check planted to refuse) fails."""
+    plant = tmp_path / "sitecustomize.py"
+    plant.write_text("from decoding.engine import readout\n"
+                     "def refuse(self, model):\n"
+                     "    raise readout.UnsupportedArchitecture(f'{model.config.model_type}: planted')\n"
+                     "readout.Readout.check = refuse\n")
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{PROJECT_ROOT}"}
+    proc = subprocess.run([sys.executable, "benchmarks/arch_probe.py", "--archs", "cohere", "--methods", "ar,sd_slim",
+                           "--tokens", "8"], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 1
+    assert "  cohere: readout: cohere: planted" in proc.stdout
+    assert "  cohere: sd_slim T=0: UnsupportedArchitecture: cohere: planted" in proc.stdout
+    assert proc.stdout.splitlines()[-1] == "families probed: 1, every check passed: none"
