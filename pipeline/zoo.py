@@ -70,6 +70,29 @@ PROBED_ARCHITECTURES = {
     "granite": ("GraniteConfig", dict(embedding_multiplier=2.0, logits_scaling=2.0, residual_multiplier=0.5,
                                       attention_multiplier=0.25)),
     "cohere": ("CohereConfig", dict(logit_scale=0.5)),  # logits x logit_scale
+    "cohere2": ("Cohere2Config", dict(sliding_window=8, logit_scale=0.5)),
+    "granitemoe": ("GraniteMoeConfig", dict(num_local_experts=4, num_experts_per_tok=2, embedding_multiplier=2.0,
+                                            logits_scaling=2.0)),
+    "mixtral": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2)),
+    "qwen2_moe": ("Qwen2MoeConfig", dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                                         shared_expert_intermediate_size=32)),
+    "olmoe": ("OlmoeConfig", dict(num_experts=4, num_experts_per_tok=2)),
+    # multi-head latent attention (its keys and values are not the query heads' width)
+    "deepseek_v3": ("DeepseekV3Config", dict(n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                                             kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=16, qk_nope_head_dim=16,
+                                             v_head_dim=16, first_k_dense_replace=1, n_group=1, topk_group=1,
+                                             num_key_value_heads=4)),
+    "gpt_oss": ("GptOssConfig", dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=8)),  # sinks, MoE
+    "glm4": ("Glm4Config", dict()),
+    "stablelm": ("StableLmConfig", dict()),  # partial rotary, LayerNorm
+    "starcoder2": ("Starcoder2Config", dict(sliding_window=8)),
+    "gemma": ("GemmaConfig", dict()),
+    "ministral": ("MinistralConfig", dict(sliding_window=8)),
+    "seed_oss": ("SeedOssConfig", dict()),
+    "hunyuan_v1_dense": ("HunYuanDenseV1Config", dict()),
+    # layer types the engine does not handle: refused with one line
+    "qwen3_next": ("Qwen3NextConfig", dict()),  # linear attention (Gated DeltaNet) layers
+    "llama4": ("Llama4TextConfig", dict()),  # chunked attention layers
 }
 
 METHODS = ("ar", "pld", "lookahead", "self_draft", "ptd", "ptd_forest", "sd", "sd_slim", "spec_cascade", "via_sd",

@@ -13,13 +13,16 @@ def run(*args):
                           text=True, timeout=600)
 
 
-def test_the_probe_passes_a_scaled_family_and_names_what_it_ran():
-    proc = run("--archs", "granite,phi3", "--methods", "ar,ptd,sd_slim,via_sd", "--tokens", "12")
+def test_the_probe_passes_a_scaled_family_names_what_it_ran_and_reports_a_refusal():
+    proc = run("--archs", "granite,phi3,llama4", "--methods", "ar,ptd,sd_slim,via_sd", "--tokens", "12")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     lines = proc.stdout.splitlines()
     granite = next(ln for ln in lines if ln.startswith("granite"))
     assert "subset path 0.0e+00" in granite and "2/2 lossless = AR, 6/6 runs" in granite
-    assert lines[-2:] == ["no failures", "families probed: 2, every check passed: granite, phi3"]
+    llama4 = next(ln for ln in lines if ln.startswith("llama4"))
+    assert "refused: llama4_text: layer type(s) chunked_attention are not supported" in llama4
+    assert lines[-3:] == ["no failures", "refused with one line: llama4",
+                          "families probed: 3, every check passed: granite, phi3"]
 
 
 def test_a_failing_family_is_named_and_the_exit_code_says_so(tmp_path):
