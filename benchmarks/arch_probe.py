@@ -10,7 +10,8 @@ drafters of the matching shape (pipeline/zoo.py), on a repetitive prompt and a r
     python benchmarks/arch_probe.py [--archs granite,cohere] [--methods ar,sd_slim,via_sd] [--tokens 24]
 
 One line per family (a family with layer types the engine does not handle: its one-line refusal), then what
-failed; last line: `families probed: N, every check passed: <names>` (exit 1 where a check failed). A random model accepts drafts only by chance: this checks that the methods run and stay
+failed; last line: `families probed: N, every check passed: <names>` (exit 1 where a check failed).
+A random model accepts drafts only by chance: this checks that the methods run and stay
 lossless there, not how well they draft.
 """
 

@@ -55,7 +55,7 @@ ARCHITECTURES = {
 
 # More families, outside the tested matrix: `benchmarks/arch_probe.py` runs every method on them (AR against the
 # model's uncached forward, the lossless methods against AR), and tests/decoding/engine/test_readout.py covers the
-# ones whose forward scales embeddings or logits (Granite, Cohere).
+# readout of families whose forward scales around the stack (Granite, Cohere, MiniCPM3; Gemma 2 caps).
 PROBED_ARCHITECTURES = {
     "phi3": ("Phi3Config", dict()),
     "qwen3_moe": ("Qwen3MoeConfig", dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)),
@@ -90,6 +90,9 @@ PROBED_ARCHITECTURES = {
     "ministral": ("MinistralConfig", dict(sliding_window=8)),
     "seed_oss": ("SeedOssConfig", dict()),
     "hunyuan_v1_dense": ("HunYuanDenseV1Config", dict()),
+    # logits_scaling divides the final hidden states before the head; latent attention
+    "minicpm3": ("MiniCPM3Config", dict(num_key_value_heads=4, dim_model_base=16, qk_nope_head_dim=16,
+                                        qk_rope_head_dim=16, v_head_dim=16, kv_lora_rank=16, q_lora_rank=16)),
     # layer types the engine does not handle: refused with one line
     "qwen3_next": ("Qwen3NextConfig", dict()),  # linear attention (Gated DeltaNet) layers
     "llama4": ("Llama4TextConfig", dict()),  # chunked attention layers

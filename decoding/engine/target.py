@@ -98,7 +98,6 @@ class TargetModel:
         # what the model's forward does around its stack (embedding multiplier, logit scale, soft-cap): the
         # layer-subset path repeats it, checked against the model's own forward at its first use
         self.readout = Readout.of(self.config)
-        self._readout_checked = False
         self.context_limit: int | None = getattr(self.config, "max_position_embeddings", None)
         self.kv_buffer = kv_buffer
         self.cache: DynamicCache | None = None
@@ -355,7 +354,7 @@ class TargetModel:
         h = out.last_hidden_state[0]
         if last_row is not None:
             h = h.index_select(0, last_row)
-        logits = self.readout.logits(self.model.lm_head(h)).to(self.device).float()
+        logits = self.readout.read(self.model.lm_head, h).to(self.device).float()
         return (logits, *(out.hidden_states[i + 1][0].to(self.device) for i in taps))
 
     def forward_tree(self, tree: TokenTree, hidden_layers: tuple[int, ...] = ()) -> ForwardOutput:
@@ -392,9 +391,7 @@ class TargetModel:
         layer type where the model has one per type), decoder layers (each with its type's mask,
         writing its KV to its own cache layer by its layer index), final norm, head, and the model's readout
         (decoding/engine/readout.py: embedding multiplier, logit scale, soft-cap)."""
-        if not self._readout_checked:  # once per model: a forward doing more than the readout knows is refused
-            self.readout.check_once(self.model)
-            self._readout_checked = True
+        self.readout.check_once(self.model)  # once per model: a forward doing more than the readout knows is refused
         stack, head, types = self.model.model, self.model.lm_head, self.layout.types
         prefix = self.cache_len
         # plain causal chain after the cached prefix (one row needs no mask: forward() has built one where a sliding
@@ -421,5 +418,5 @@ class TargetModel:
             h = h[:, -1:]
         if self.exit_head is not None:
             h = self.exit_head(h)
-        logits = self.readout.logits(head(stack.norm(h)))[0]
+        logits = self.readout.read(head, stack.norm(h))[0]
         return ForwardOutput(logits.to(self.device).float(), hidden)  # from the head's device under a device_map

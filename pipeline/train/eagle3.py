@@ -35,6 +35,7 @@ import torch
 from decoding.drafting.dflash_drafter import resolve_location
 from decoding.drafting.eagle3_drafter import (Eagle3Drafter, Eagle3Spec, default_aux_layer_ids, load_eagle3,
                                              save_eagle3, taps_in_range, vocab_mapping)
+from decoding.engine.readout import Readout as ModelReadout
 from pipeline.errors import ConfigError
 from pipeline.train.config import TrainConfig
 from pipeline.train.exit_head import Readout
@@ -73,7 +74,10 @@ def head_from_target(model: Eagle3Drafter, target) -> None:
     under one pass over the corpus the drafter then learns the target's last hidden state rather than a
     new readout."""
     draft_ids = model.to_target_ids(torch.arange(model.spec.draft_vocab_size))
-    model.lm_head.weight.copy_(target.get_output_embeddings().weight[draft_ids].float())
+    # the target's logit scale folded into the rows (Granite, Cohere; decoding/engine/readout.py), so the head starts
+    # at the teacher's logits; a soft-cap (Gemma 2) cannot be folded into a linear head
+    factor = ModelReadout.of(target.config).linear_factor
+    model.lm_head.weight.copy_(target.get_output_embeddings().weight[draft_ids].float() * factor)
     gain = target_final_norm_gain(target, model.spec.hidden_size)
     if gain is None:
         raise ConfigError("drafter.head_init=target: the target's final norm (model.norm) is not an RMSNorm of the "

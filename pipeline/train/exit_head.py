@@ -40,14 +40,16 @@ class Readout:
         self.norm = model.model.norm
         self.unembed = model.get_output_embeddings().weight.detach().float()
         self.device = self.unembed.device
-        # the model's logit scale and soft-cap (Granite, Cohere, Gemma 2), as the drafter's readout applies them
+        # the model's logit scale and soft-cap (Granite, Cohere, Gemma 2), as the drafter's readout applies them;
+        # checked now, not at decoding after hours of training on another model's logits
         self.model_readout = ModelReadout.of(model.config)
+        self.model_readout.check_once(model)
 
     def teacher(self, finals: torch.Tensor) -> torch.Tensor:
-        return self.model_readout.logits(F.linear(finals, self.unembed))
+        return self.model_readout.read(lambda x: F.linear(x, self.unembed), finals)
 
     def student(self, head, h: torch.Tensor) -> torch.Tensor:
-        return self.model_readout.logits(F.linear(self.norm(head(h)).float(), self.unembed))
+        return self.model_readout.read(lambda x: F.linear(x, self.unembed), self.norm(head(h)).float())
 
 
 def drafting_rows(sample: dict) -> slice:

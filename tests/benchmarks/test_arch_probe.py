@@ -8,9 +8,13 @@ from pathlib import Path
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
-def run(*args):
+def run(*args, plant: Path | None = None):
+    """The script on this checkout (PYTHONPATH: not an installed copy of the project), with `plant` a folder whose
+    sitecustomize.py runs first."""
+    path = [str(plant)] if plant else []
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*path, str(PROJECT_ROOT)])}
     return subprocess.run([sys.executable, "benchmarks/arch_probe.py", *args], cwd=PROJECT_ROOT, capture_output=True,
-                          text=True, timeout=600)
+                          text=True, timeout=600, env=env)
 
 
 def test_the_probe_passes_a_scaled_family_names_what_it_ran_and_reports_a_refusal():
@@ -32,9 +36,7 @@ def test_a_failing_family_is_named_and_the_exit_code_says_so(tmp_path):
                      "def refuse(self, model):\n"
                      "    raise readout.UnsupportedArchitecture(f'{model.config.model_type}: planted')\n"
                      "readout.Readout.check = refuse\n")
-    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{PROJECT_ROOT}"}
-    proc = subprocess.run([sys.executable, "benchmarks/arch_probe.py", "--archs", "cohere", "--methods", "ar,sd_slim",
-                           "--tokens", "8"], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600, env=env)
+    proc = run("--archs", "cohere", "--methods", "ar,sd_slim", "--tokens", "8", plant=tmp_path)
     assert proc.returncode == 1
     assert "  cohere: readout: cohere: planted" in proc.stdout
     assert "  cohere: sd_slim T=0: UnsupportedArchitecture: cohere: planted" in proc.stdout
