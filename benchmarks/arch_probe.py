@@ -28,15 +28,7 @@ from decoding.engine.attention_layout import UnsupportedArchitecture
 from decoding.engine.loop import generate
 from decoding.methods.ar import AR
 from pipeline.zoo import (ARCHITECTURES, LOSSLESS, METHODS, PROBED_ARCHITECTURES, build_method, mixed_prompts,
-                          random_target)
-
-
-def uncached_greedy(model, prompt: list[int], n: int) -> list[int]:
-    seq = list(prompt)
-    with torch.inference_mode():
-        for _ in range(n):
-            seq.append(int(model(torch.tensor([seq])).logits[0, -1].argmax()))
-    return seq[len(prompt):]
+                          random_target, uncached_greedy)
 
 
 def subset_gap(target, seq: list[int], split: int = 10) -> float:

@@ -111,6 +111,16 @@ def mixed_prompts(count: int, high: int) -> list[list[int]]:
             for i in range(count)]
 
 
+def uncached_greedy(model, prompt: list[int], n: int) -> list[int]:
+    """`n` greedy tokens from the model's own forward over the whole sequence every step, no cache: the reference
+    AR is checked against on every architecture."""
+    seq = list(prompt)
+    with torch.inference_mode():
+        for _ in range(n):
+            seq.append(int(model(torch.tensor([seq])).logits[0, -1].argmax()))
+    return seq[len(prompt):]
+
+
 def random_config(shape: str = "tiny", arch: str = "qwen3", init_range: float = 0.2, num_layers: int | None = None):
     """The config of a random `arch` model (one of ARCHITECTURES or PROBED_ARCHITECTURES) of `shape` (one of
     SHAPES); `num_layers` overrides the shape's depth (architectures without a fixed list of layer types)."""

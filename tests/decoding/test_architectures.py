@@ -23,7 +23,8 @@ from decoding.engine import attention_layout
 from decoding.methods.ar import AR
 from decoding.engine.loop import generate
 from decoding.engine.tree import TokenTree
-from pipeline.zoo import ARCHITECTURES, LOSSLESS, METHODS, build_method, mixed_prompts, random_target
+from pipeline.zoo import (ARCHITECTURES, LOSSLESS, METHODS, build_method, mixed_prompts, random_target,
+                          uncached_greedy)
 
 ARCHS = sorted(ARCHITECTURES)
 HYBRID = ("gemma2", "gemma3", "qwen2")  # sliding and full layers mixed
@@ -44,14 +45,6 @@ def folders(tmp_path_factory):
 
 def prompts():
     return mixed_prompts(2, 500)  # [repetitive (drafts accepted), random (drafts rejected)]
-
-
-def uncached_greedy(model, prompt: list[int], n: int) -> list[int]:
-    seq = list(prompt)
-    with torch.inference_mode():
-        for _ in range(n):
-            seq.append(int(model(torch.tensor([seq])).logits[0, -1].argmax()))
-    return seq[len(prompt):]
 
 
 @functools.cache
