@@ -35,9 +35,9 @@ from transformers import DynamicCache
 
 from decoding.engine import attention_layout, cuda_graph, kv_cache, static_forward
 from decoding.engine.attention_layout import AttentionLayout
-from decoding.engine.readout import Readout
 from decoding.engine.cuda_graph import GraphReplayer
 from decoding.engine.kv_cache import BufferedLayer, KVBuffer, buffered_cache
+from decoding.engine.readout import Readout
 from decoding.engine.static_forward import StaticBlock
 from decoding.engine.transfer import to_device
 from decoding.engine.tree import TokenTree

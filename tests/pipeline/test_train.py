@@ -589,3 +589,18 @@ def test_the_trainers_teacher_is_the_targets_own_logits_where_the_forward_scales
     _, finals = teacher_pass(target, ids, [0, 1, 2])
     with torch.no_grad():
         torch.testing.assert_close(Readout(target).teacher(finals), target(ids[None]).logits[0].float())
+
+
+def test_eagle3_head_from_a_granite_target_reads_out_its_scaled_logits():
+    """head_init=target on a target whose forward divides its logits (Granite): the copied rows carry the
+    divisor, so the drafter starts at the logits the teacher (the model's own) gives."""
+    from pipeline.train.eagle3 import head_from_target, new_eagle3
+    from pipeline.zoo import random_target
+
+    target = random_target("tiny", arch="granite").model
+    model = new_eagle3(target.config, [0, 1, 2], 40, torch.arange(target.config.vocab_size).flip(0).float(), 0).eval()
+    h = torch.randn(3, target.config.hidden_size)
+    with torch.no_grad():
+        head_from_target(model, target)
+        scaled = target.lm_head(target.model.norm(h)) / target.config.logits_scaling  # GraniteForCausalLM's readout
+        torch.testing.assert_close(model.logits(h), scaled[:, model.to_target_ids(torch.arange(40))])
