@@ -28,17 +28,7 @@ from decoding.engine.attention_layout import UnsupportedArchitecture
 from decoding.engine.loop import generate
 from decoding.methods.ar import AR
 from pipeline.zoo import (ARCHITECTURES, LOSSLESS, METHODS, PROBED_ARCHITECTURES, build_method, mixed_prompts,
-                          random_target, uncached_greedy)
-
-
-def subset_gap(target, seq: list[int], split: int = 10) -> float:
-    """max |logits| difference between the layer-subset path over every layer and the model's own forward."""
-    target.prefill(seq[:split])
-    subset = target._run_layers(torch.tensor(seq[split:]), torch.arange(split, len(seq)), None, (), False,
-                                target.layers).logits
-    target.prefill(seq[:split])
-    full = target.forward(seq[split:], list(range(len(seq) - split))).logits
-    return (subset - full).abs().max().item()
+                          random_target, subset_and_full_logits, uncached_greedy)
 
 
 def probe(arch: str, methods: list[str], tokens: int) -> tuple[str, list[str]]:
@@ -52,8 +42,9 @@ def probe(arch: str, methods: list[str], tokens: int) -> tuple[str, list[str]]:
     ar = [generate(AR(), target, p, max_new_tokens=tokens).new_tokens for p in prompts]
     failed = [] if ar == [uncached_greedy(target.model, p, tokens) for p in prompts] else ["AR != uncached forward"]
     try:
-        target.readout.check(target.model)
-        gap = subset_gap(target, prompts[1])
+        target.readout.check_once(target.model)  # its one line, before the subset pass would raise it
+        subset, full = subset_and_full_logits(target, prompts[1])
+        gap = (subset - full).abs().max().item()
         readout = f"subset path {gap:.1e}"
         if gap > 1e-4:
             failed.append(f"layer-subset path differs from the forward by {gap:.3g}")

@@ -121,6 +121,17 @@ def uncached_greedy(model, prompt: list[int], n: int) -> list[int]:
     return seq[len(prompt):]
 
 
+def subset_and_full_logits(target: TargetModel, seq: list[int], split: int = 10):
+    """The logits of seq[split:] after a prefill of seq[:split], by the layer-subset path over every layer
+    (`_run_layers`: drafters, slim verifiers, VIA-SD) and by the full model's forward: equal where the subset
+    path rebuilds the model's own forward from its modules."""
+    target.prefill(seq[:split])
+    subset = target._run_layers(torch.tensor(seq[split:]), torch.arange(split, len(seq)), None, (), False,
+                                target.layers).logits
+    target.prefill(seq[:split])
+    return subset, target.forward(seq[split:], list(range(len(seq) - split))).logits
+
+
 def random_config(shape: str = "tiny", arch: str = "qwen3", init_range: float = 0.2, num_layers: int | None = None):
     """The config of a random `arch` model (one of ARCHITECTURES or PROBED_ARCHITECTURES) of `shape` (one of
     SHAPES); `num_layers` overrides the shape's depth (architectures without a fixed list of layer types)."""

@@ -24,7 +24,7 @@ from decoding.methods.ar import AR
 from decoding.engine.loop import generate
 from decoding.engine.tree import TokenTree
 from pipeline.zoo import (ARCHITECTURES, LOSSLESS, METHODS, build_method, mixed_prompts, random_target,
-                          uncached_greedy)
+                          subset_and_full_logits, uncached_greedy)
 
 ARCHS = sorted(ARCHITECTURES)
 HYBRID = ("gemma2", "gemma3", "qwen2")  # sliding and full layers mixed
@@ -71,13 +71,7 @@ def test_ar_equals_the_models_own_uncached_greedy_forward(arch):
 def test_layer_subset_path_over_all_layers_equals_the_models_forward(arch):
     """_run_layers (drafters, slim verifiers, VIA-SD) rebuilds the stack from the model's modules:
     per-type rotary, per-type masks and the final soft-cap must make it the model's own forward."""
-    target = arch_target(arch)
-    seq = prompts()[1]
-    target.prefill(seq[:10])
-    tokens, positions = torch.tensor(seq[10:]), torch.arange(10, len(seq))
-    subset = target._run_layers(tokens, positions, None, (), False, target.layers).logits
-    target.prefill(seq[:10])
-    full = target.forward(seq[10:], list(range(len(seq) - 10))).logits
+    subset, full = subset_and_full_logits(arch_target(arch), prompts()[1])
     torch.testing.assert_close(subset, full, atol=1e-4, rtol=1e-4)
 
 

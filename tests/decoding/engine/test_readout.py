@@ -9,11 +9,9 @@ import pytest
 import torch
 
 from decoding.engine.attention_layout import UnsupportedArchitecture
-from decoding.engine.loop import generate
 from decoding.engine.readout import Readout
 from decoding.engine.target import TargetModel
-from decoding.methods.ar import AR
-from pipeline.zoo import build_method, mixed_prompts, random_config, random_target
+from pipeline.zoo import mixed_prompts, random_config, random_target, subset_and_full_logits
 
 SCALED = ("granite", "cohere", "gemma2")  # the families whose forward scales or caps around the stack
 
@@ -58,12 +56,7 @@ def test_minicpm3_divides_its_hidden_states_before_the_head_and_passes_the_check
 def test_the_layer_subset_path_over_every_layer_is_the_models_forward(arch):
     """Before the readout, Granite's and Cohere's subset logits differed from the model's by ~5 (no multiplier, no
     scale): an early-exit or slim drafter, VIA-SD's slim verifier and DIMR read another model than the target."""
-    t = target(arch)
-    seq = mixed_prompts(2, 500)[1]
-    t.prefill(seq[:10])
-    subset = t._run_layers(torch.tensor(seq[10:]), torch.arange(10, len(seq)), None, (), False, t.layers).logits
-    t.prefill(seq[:10])
-    full = t.forward(seq[10:], list(range(len(seq) - 10))).logits
+    subset, full = subset_and_full_logits(target(arch), mixed_prompts(2, 500)[1])
     torch.testing.assert_close(subset, full, atol=1e-5, rtol=1e-5)
 
 
