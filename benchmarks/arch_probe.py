@@ -5,9 +5,12 @@ drafters of the matching shape (pipeline/zoo.py), on a repetitive prompt and a r
 - AR against the model's own uncached greedy forward (token for token);
 - the readout check of the layer-subset path (decoding/engine/readout.py) and that path over all layers
   against the model's forward (max |difference| of the logits);
-- at T = 0 every lossless method against AR (fp32: token for token), the lossy ones run; at T = 1 every method runs.
+- at T = 0 every lossless method against AR (fp32: token for token), the lossy ones run; at T = 1 every method runs;
+- with `--static`, the static forward of `model.cuda_graph` (decoding/engine/static_forward.py): AR and every
+  lossless method at T = 0 on the target replaying its forwards by emulation, against AR (fp32), and its captured
+  function on the meta device in bf16, where a host read of a device value (which a CUDA graph cannot hold) fails.
 
-    python benchmarks/arch_probe.py [--archs granite,cohere] [--methods ar,sd_slim,via_sd] [--tokens 24]
+    python benchmarks/arch_probe.py [--archs granite,cohere] [--methods ar,sd_slim,via_sd] [--tokens 24] [--static]
 
 One line per family (a family with layer types the engine does not handle: its one-line refusal), then what
 failed; last line: `families probed: N, every check passed: <names>` (exit 1 where a check failed).
@@ -25,13 +28,46 @@ from pathlib import Path
 import torch
 
 from decoding.engine.attention_layout import UnsupportedArchitecture
+from decoding.engine.cuda_graph import GraphReplayer
 from decoding.engine.loop import generate
+from decoding.engine.target import TargetModel
 from decoding.methods.ar import AR
 from pipeline.zoo import (ARCHITECTURES, LOSSLESS, METHODS, PROBED_ARCHITECTURES, build_method, mixed_prompts,
-                          random_target, subset_and_full_logits, uncached_greedy)
+                          random_target, static_passes_on_meta, subset_and_full_logits, uncached_greedy)
 
 
-def probe(arch: str, methods: list[str], tokens: int) -> tuple[str, list[str]]:
+def probe_static(arch: str, target: TargetModel, methods: list[str], tokens: int, prompts, ar,
+                 folder: Path) -> tuple[str, list[str]]:
+    """(the static forward's part of the line, what failed): the lossless methods at T = 0 on the target replaying
+    its forwards by emulation, against AR; its captured function on the meta device (bf16)."""
+    failed = []
+    try:
+        graphed = TargetModel(target.model, graphs=GraphReplayer(True, "model.cuda_graph", emulate=True))
+    except Exception as err:  # noqa: BLE001 - its one line is the result
+        return "static refused", [f"static: {str(err).splitlines()[0]}"]
+    lossless = [m for m in methods if m in LOSSLESS]
+    equal = 0
+    for name in lossless:
+        try:
+            method = AR() if name == "ar" else build_method(name, graphed, folder)
+            outs = [generate(method, graphed, p, max_new_tokens=tokens).new_tokens for p in prompts]
+        except Exception as err:  # noqa: BLE001 - a crash is a result here
+            failed.append(f"static {name}: {type(err).__name__}: {str(err).splitlines()[0][:160]}")
+            continue
+        if outs == ar:
+            equal += 1
+        else:
+            failed.append(f"static {name} T=0: differs from AR (fp32)")
+    try:
+        static_passes_on_meta(arch)
+        meta = "meta ok"
+    except Exception as err:  # noqa: BLE001 - the host read's error is the result
+        meta = "meta fails"
+        failed.append(f"static pass on the meta device (bf16): {type(err).__name__}: {str(err).splitlines()[0][:160]}")
+    return f"static {equal}/{len(lossless)} = AR, {meta}", failed
+
+
+def probe(arch: str, methods: list[str], tokens: int, static: bool = False) -> tuple[str, list[str]]:
     """(the family's line, what failed). A family the engine refuses (`UnsupportedArchitecture`: one line) is
     reported as refused, not as a failure."""
     try:
@@ -71,6 +107,9 @@ def probe(arch: str, methods: list[str], tokens: int) -> tuple[str, list[str]]:
     lossless = sum(1 for m in methods if m in LOSSLESS and m != "ar")
     line = (f"{arch:10s} {target.config.model_type:10s} {readout:22s} {equal}/{lossless} lossless = AR, "
             f"{ran}/{2 * (len(methods) - ('ar' in methods))} runs")
+    if static:
+        part, static_failed = probe_static(arch, target, methods, tokens, prompts, ar, folder)
+        line, failed = f"{line}; {part}", failed + static_failed
     return line, failed
 
 
@@ -79,6 +118,7 @@ def main() -> int:
     ap.add_argument("--archs", default=",".join(PROBED_ARCHITECTURES))
     ap.add_argument("--methods", default=",".join(m for m in METHODS if m != "dominotree_reference"))
     ap.add_argument("--tokens", type=int, default=24)
+    ap.add_argument("--static", action="store_true", help="also the static forward of model.cuda_graph")
     args = ap.parse_args()
     archs, methods = args.archs.split(","), args.methods.split(",")
     unknown = [a for a in archs if a not in {**ARCHITECTURES, **PROBED_ARCHITECTURES}] + \
@@ -87,9 +127,10 @@ def main() -> int:
         ap.error(f"unknown: {', '.join(unknown)}")
     torch.set_num_threads(1)
     passed, refused, problems = [], [], []
-    print(f"{len(archs)} families, fp32, {len(methods)} methods at T=0 and 1, {args.tokens} tokens", flush=True)
+    print(f"{len(archs)} families, fp32, {len(methods)} methods at T=0 and 1, {args.tokens} tokens"
+          + (", and the static forward" if args.static else ""), flush=True)
     for arch in archs:
-        line, failed = probe(arch, methods, args.tokens)
+        line, failed = probe(arch, methods, args.tokens, args.static)
         print(line, flush=True)
         problems += [f"  {arch}: {f}" for f in failed]
         if " refused: " in line:

@@ -132,6 +132,38 @@ def subset_and_full_logits(target: TargetModel, seq: list[int], split: int = 10)
     return subset, target.forward(seq[split:], list(range(len(seq) - split))).logits
 
 
+def static_passes_on_meta(arch: str, dtype=torch.bfloat16) -> list[tuple]:
+    """A random `arch` model built on the meta device, prefilled with 20 tokens, then its static forward's captured
+    function (TargetModel._static_pass) run on a chain with hidden taps, a tree with the last row only, and one row:
+    the (logits, *taps) of each. Meta tensors hold no values, so any host read of a device value there (`.item()`,
+    `bool(t)`, `nonzero`, which a CUDA graph cannot hold) raises: what a capture would refuse shows without a GPU.
+    `dtype`: the model's (bf16, as on a GPU: transformers picks an MoE's experts kernel by it)."""
+    from transformers import AutoModelForCausalLM
+
+    from decoding.engine import readout
+    from decoding.engine.attention_layout import SLIDING
+    from decoding.engine.cuda_graph import GraphReplayer
+    from decoding.engine.static_forward import StaticBlock
+
+    config = random_config("tiny", arch)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
+    readout._CHECKED.add(model)  # the readout's check compares values, which a meta model has none of
+    target = TargetModel(model, graphs=GraphReplayer(True, "model.cuda_graph", emulate=True))
+    target.prefill(list(range(3, 23)), rows_expected=64)  # eager, as on a GPU
+    buffer = target._static_buffer
+    columns = torch.arange(buffer.capacity, device="meta")
+    tokens, positions = torch.zeros(3, dtype=torch.long, device="meta"), torch.arange(3, device="meta") + 20
+    visible = torch.ones(3, 3, dtype=torch.bool, device="meta").tril()
+    outputs = []
+    with torch.inference_mode():
+        for rows, seen, last_only, taps in ((3, None, False, (1,)), (3, visible, True, ()), (1, None, True, ())):
+            block = StaticBlock(tokens[:rows], positions[:rows], seen, 20, buffer.capacity, target.dtype, columns,
+                                last_only, target.layout.windows.get(SLIDING))
+            outputs.append(target._static_pass(**block.inputs(), keys=buffer.keys, values=buffer.values, taps=taps))
+    return outputs
+
+
 def random_config(shape: str = "tiny", arch: str = "qwen3", init_range: float = 0.2, num_layers: int | None = None):
     """The config of a random `arch` model (one of ARCHITECTURES or PROBED_ARCHITECTURES) of `shape` (one of
     SHAPES); `num_layers` overrides the shape's depth (architectures without a fixed list of layer types)."""

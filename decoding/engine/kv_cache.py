@@ -14,7 +14,8 @@ went from 90 to 219 torch calls outside the passes, AR from 27 to 87
 
 `BufferedLayer` is a DynamicLayer (transformers' masks, lengths and types read it as one) whose keys
 and values are views of its slot of the buffer. Sliding-window layers (Gemma 2/3, Mistral) keep
-transformers' own layer, handled by decoding/engine/attention_layout.py, one by one as before. Under
+transformers' own layer, handled by decoding/engine/attention_layout.py, one by one as before, except under the
+static forward, whose buffer holds every layer's keys (a sliding layer's mask then hides those past its window). Under
 a device_map there is one buffer per device; a layer whose keys do not match its buffer's shape or
 dtype (different head sizes) gets a buffer of its own.
 
@@ -34,7 +35,7 @@ from __future__ import annotations
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 MIN_CAPACITY = 256  # rows allocated at least, so short runs never grow the buffer
 HEADROOM = 256  # rows a prefill adds to what its caller expects: a block of draft rows, or tokens nobody announced
@@ -179,18 +180,20 @@ class BufferedLayer(DynamicLayer):
     prefetch = offload
 
 
-def buffered_cache(config, layers: tuple[int, ...], full_layers: set[int], devices: dict | None = None,
+def buffered_cache(config, layers: tuple[int, ...], shared_layers: set[int], devices: dict | None = None,
                    min_capacity: int | None = None,
                    reuse: KVBuffer | None = None) -> tuple[DynamicCache, list[BufferedLayer]]:
-    """transformers' DynamicCache for `config`, whose full-attention layers among `layers` share one
-    KVBuffer per device (`devices`: layer -> the device its weights are on, under a device_map; the
+    """transformers' DynamicCache for `config`, whose layers among `layers` that are in `shared_layers` (the
+    full-attention ones; every layer for the static forward, sliding ones included, which then keep every key)
+    share one KVBuffer per device (`devices`: layer -> the device its weights are on, under a device_map; the
     others, and layers this wrapper never runs, stay as transformers makes them). `min_capacity`:
     rows allocated at first (default MIN_CAPACITY), e.g. the prompt plus the tokens to generate.
     `reuse`: the buffer of every shared layer (one device), kept from an earlier cache: its tensors stay
     the same, as a CUDA graph that reads them needs."""
     cache = DynamicCache(config=config)
     capacity = max(MIN_CAPACITY, min_capacity or 0)
-    shared = [i for i in layers if i in full_layers and type(cache.layers[i]) is DynamicLayer]
+    shared = [i for i in layers if i in shared_layers and type(cache.layers[i]) in (DynamicLayer,
+                                                                                     DynamicSlidingWindowLayer)]
     device_of = {i: (devices or {}).get(i) for i in shared}
     per_device = {d: [i for i in shared if device_of[i] == d] for d in dict.fromkeys(device_of.values())}
     if reuse is not None and (len(per_device) > 1 or reuse.slots != len(shared)):

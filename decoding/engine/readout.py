@@ -9,9 +9,9 @@ Read from the config, so another family with the same fields is handled too; eac
 operation its model uses (a division is not replaced by a multiplication by the inverse: the rounding differs).
 
 A family that does something else there (another multiplier, a readout of its own) would give the layer-subset
-path another model than the target, silently. `check` compares, on one short uncached forward, this readout
-of the model's own embedding and final hidden states with the model's own embedding output and logits, and
-raises one line (`UnsupportedArchitecture`) where they differ by more than a few roundings of the model's dtype
+path (and the static pass of decoding/engine/static_forward.py) another model than the target, silently. `check`
+compares, on one short uncached forward, this readout of the model's own embedding and final hidden states with
+the model's own embedding output and logits, and raises one line (`UnsupportedArchitecture`) where they differ by more than a few roundings of the model's dtype
 (two forwards of a model whose kernels are not bitwise deterministic, e.g. an MoE's scattered adds on a GPU,
 differ by a rounding; a scale the readout misses differs by far more). Before 2026-12-06 (night) the path applied the
 soft-cap only: on Granite and Cohere its logits were another model's (no error).
@@ -31,6 +31,8 @@ from decoding.engine.attention_layout import UnsupportedArchitecture
 SCALING_MULTIPLIES = ("hyperclovax",)
 SCALING_BEFORE_HEAD = ("minicpm3",)
 CHECK_ROUNDINGS = 8  # the check's tolerance: roundings (eps of the model's dtype, >= 2^-16) of the largest value
+# who computes logits with the readout, for the error line of a model it does not reproduce
+LAYER_SUBSET_USERS = "the layer-subset path (early-exit and slim drafters, VIA-SD's slim verifier, DIMR)"
 _CHECKED: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()  # models whose readout `check_once` has passed
 
 
@@ -87,16 +89,17 @@ class Readout:
         """Logits from the final (normed) hidden states, as the model's forward computes them."""
         return self.logits(head(self.head_input(hidden)))
 
-    def check_once(self, model) -> None:
+    def check_once(self, model, user: str = LAYER_SUBSET_USERS) -> None:
         """`check` the first time a model is seen (its wrappers and drafters made of its layers share it)."""
         if model not in _CHECKED:
-            self.check(model)
+            self.check(model, user=user)
             _CHECKED.add(model)
 
     @torch.inference_mode()
-    def check(self, model, tokens: int = 4) -> None:
+    def check(self, model, tokens: int = 4, user: str = LAYER_SUBSET_USERS) -> None:
         """Raise `UnsupportedArchitecture` unless this readout reproduces the model's own embedding output and
-        logits on one uncached forward of `tokens` tokens (within CHECK_ROUNDINGS roundings)."""
+        logits on one uncached forward of `tokens` tokens (within CHECK_ROUNDINGS roundings). `user`: what
+        would compute another model (the error line names it)."""
         embedding = model.get_input_embeddings()
         ids = torch.arange(1, tokens + 1, device=embedding.weight.device)[None]
         out = model.model(input_ids=ids, use_cache=False, output_hidden_states=True)
@@ -110,9 +113,9 @@ class Readout:
         roundings = CHECK_ROUNDINGS * max(torch.finfo(logits.dtype).eps, 2.0 ** -16)
         if worst > roundings * (top + 1.0) or embed_worst > roundings * (embed_top + 1.0):
             raise UnsupportedArchitecture(
-                f"{model.config.model_type}: its forward does something around its decoder stack that the layer-subset "
-                f"path (early-exit and slim drafters, VIA-SD's slim verifier, DIMR) does not repeat (logits differ by "
-                f"up to {worst:.3g}, embeddings by {embed_worst:.3g}); methods that run the full model still work")
+                f"{model.config.model_type}: its forward does something around its decoder stack that {user} does "
+                f"not repeat (logits differ by up to {worst:.3g}, embeddings by {embed_worst:.3g}); methods that run "
+                f"the full model eagerly still work")
 
 
 def soft_cap(logits: torch.Tensor, cap: float | None) -> torch.Tensor:

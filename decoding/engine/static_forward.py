@@ -9,21 +9,30 @@ A graph replays fixed shapes and fixed memory, so a static forward differs from 
 - rows: the block is padded to the next power of two (`bucket`, up to MAX_ROWS; longer blocks run eagerly).
   Padded rows hold token 0 at position 0 and see the cached prefix and themselves (in a chain, the rows before
   them too); no real row sees them;
-- keys: every full-attention layer attends to its whole slot of the KV buffer (decoding/engine/kv_cache.py:
-  reused across prompts, zero-filled), `capacity` rows, and the mask hides every row past the prefix that is
-  not the block's. The block's rows are written to their slots through a device tensor (`slots`), so one graph
-  serves every prefix length; the layers' lengths are set afterwards, on the host;
-- mask: one additive [1, 1, rows, capacity] float mask, built on the device before the replay (a few ops).
-The logits come from the base model's last hidden state and the LM head (for `last_only`, the last real row,
-picked by a device index), so every shape is the bucket's. Outputs are cloned: the next replay overwrites them.
+- keys: every layer attends to its whole slot of the KV buffer (decoding/engine/kv_cache.py: reused across
+  prompts, zero-filled), `capacity` rows, and the mask hides every row past the prefix that is not the block's.
+  A sliding-window layer (Gemma 2/3, Mistral or Qwen2 with a window) keeps every key there too, not transformers'
+  last window - 1, and its mask hides the keys the window leaves out (by position, as transformers' sliding
+  mask does): a graph cannot follow a cache that drops keys. The block's rows are written to their slots
+  through a device tensor (`slots`), so one graph serves every prefix length; the layers' lengths are set
+  afterwards, on the host;
+- mask: one additive [1, 1, rows, capacity] float mask per layer type, built on the device before the replay
+  (a few ops).
+The logits come from the base model's last hidden state, the LM head and what the model's forward does around
+them (decoding/engine/readout.py: Granite's and Cohere's logit scales, Gemma 2's soft-cap), for `last_only` on
+the last real row, picked by a device index, so every shape is the bucket's. Outputs are cloned: the next
+replay overwrites them.
 
 One graph per bucket and variant (last row only, hidden taps), captured on first use; a buffer that has to grow
 (a longer prompt than any before) gets new tensors, so the graphs are dropped and captured again. Host state
 stays out of the captured function: the layers' lengths and their initialisation are set on the host, since a
-replay runs no Python. Which models: the families whose causal-LM head is the LM head alone (STATIC_FAMILIES:
-Granite and Cohere scale their logits), one device, every layer full attention (no sliding window), no dynamic
-RoPE (it compares positions on the host), the shared KV buffer, the full model (not a layer subset):
-`check_static` says why not otherwise.
+replay runs no Python. Which models: those whose causal-LM forward is their decoder stack (`model.model`) and
+the readout of decoding/engine/readout.py (checked on one short forward, as for the layer-subset path), on one
+device, without dynamic RoPE (it compares positions on the host), with the shared KV buffer, the full model
+(not a layer subset): `check_static` says why not otherwise. Before 2026-12-07 only LLaMA, Mistral, Qwen2
+and Qwen3 without a sliding window were replayed. A stack that reads a device value on the host (an MoE's
+routing may) fails at its capture with one error line (cuda_graph.py); benchmarks/arch_probe.py --static runs
+every probed family's static pass on the meta device, where such a read fails, to say which do.
 
 Unverified on a GPU (this module was written on a machine without one, 2026-12-05): the CPU tests replay the
 graphs by emulation (the same static shapes, padding, slots and masks, run eagerly) and compare with the eager
@@ -38,12 +47,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from decoding.engine import attention_layout
+from decoding.engine.attention_layout import FULL, SLIDING, UnsupportedArchitecture
+from decoding.engine.readout import Readout
 
 MAX_ROWS = 1024  # the largest block a graph holds; a larger one runs eagerly (CaDDTree's 1024-node tree: 1025 rows)
 CAPACITY_STEP = 1024  # a reused KV buffer is sized in these steps, so a slightly longer prompt does not regrow it
-# model types whose ForCausalLM forward is lm_head(model(...)) and nothing more: the static pass calls those two
-STATIC_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 
 
 def bucket(rows: int) -> int:
@@ -51,14 +59,11 @@ def bucket(rows: int) -> int:
     return 1 << max(rows - 1, 0).bit_length()
 
 
-def check_static(model, layout, devices: set, kv_buffer: bool) -> str | None:
+def check_static(model, devices: set, kv_buffer: bool) -> str | None:
     """Why a target cannot run static forwards (None: it can)."""
-    if any(t != attention_layout.FULL for t in layout.types):
-        return "its sliding-window layers keep a cache of their own (only full-attention layers are replayed)"
     config = model.config
-    if config.model_type not in STATIC_FAMILIES or not (hasattr(model, "model") and hasattr(model, "lm_head")):
-        return (f"the static pass calls the decoder stack and the LM head of {', '.join(STATIC_FAMILIES)} models, "
-                f"not of {config.model_type}")
+    if not (hasattr(model, "model") and hasattr(model, "lm_head")):
+        return f"the static pass calls a decoder stack (`model`) and an `lm_head`, which {type(model).__name__} lacks"
     rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
     built = getattr(getattr(model.model, "rotary_emb", None), "rope_type", None)  # what the model runs with
     if "dynamic" in (built, rope.get("rope_type", rope.get("type")) if isinstance(rope, dict) else None):
@@ -67,6 +72,10 @@ def check_static(model, layout, devices: set, kv_buffer: bool) -> str | None:
         return "its layers, embedding and LM head are spread over several devices (device_map)"
     if not kv_buffer:
         return "it runs without the shared KV buffer (kv_buffer=False)"
+    try:  # the static pass computes the logits as the layer-subset path does: the same check (one short forward)
+        Readout.of(config).check_once(model, user="the static pass (model.cuda_graph)")
+    except UnsupportedArchitecture as error:
+        return str(error)
     return None
 
 
@@ -77,10 +86,11 @@ def capacity_for(rows: int) -> int:
 
 class StaticBlock:
     """The device tensors of one static forward, built from a block (tokens and positions on the device,
-    `visible` [n, n] bool on the device or None for a causal chain)."""
+    `visible` [n, n] bool on the device or None for a causal chain). `window`: the sliding layers' window (None:
+    the model has none), whose mask is the full one with the keys outside the window hidden too."""
 
     def __init__(self, tokens, positions, visible, prefix: int, capacity: int, dtype, columns: torch.Tensor,
-                 last_only: bool):
+                 last_only: bool, window: int | None = None):
         n = len(tokens)
         self.rows, self.padded = n, bucket(n)
         pad = self.padded - n
@@ -96,9 +106,22 @@ class StaticBlock:
             seen[n:, n:].diagonal().fill_(True)  # a padded row sees itself: no row of the softmax is all-masked
         mask[:, prefix:prefix + self.padded].masked_fill_(seen, 0)
         self.mask = mask[None, None]
+        self.sliding_mask = None
+        if window is not None:  # a key at position k is in the window of a row at q when q - window < k
+            key_positions = columns.clone()  # the prefix's keys sit at their positions; past the block: hidden anyway
+            key_positions[prefix:prefix + self.padded] = self.position_ids[0]
+            outside = key_positions[None, :] <= self.position_ids[0, :, None] - window
+            self.sliding_mask = mask.masked_fill(outside, blocked)[None, None]  # a row always sees itself
         self.slots = columns[prefix:prefix + self.padded]  # the block rows' cache slots
         self.last_row = columns[n - 1:n] if last_only else None
 
     def inputs(self) -> dict:
         return {"input_ids": self.input_ids, "position_ids": self.position_ids, "mask": self.mask,
-                "slots": self.slots, "last_row": self.last_row}
+                "sliding_mask": self.sliding_mask, "slots": self.slots, "last_row": self.last_row}
+
+
+def layer_masks(layout, mask: torch.Tensor, sliding_mask: torch.Tensor | None):
+    """The static masks as the model's forward takes them: one tensor for a model of one layer type, else a
+    dict by layer type (as `AttentionLayout.masks`)."""
+    masks = {FULL: mask, SLIDING: sliding_mask}
+    return masks[layout.types[0]] if layout.is_uniform else {t: masks[t] for t in layout.windows}

@@ -20,7 +20,8 @@ own forward does around its stack (embedding multiplier, logit scale, soft-cap: 
 
 CUDA graphs (`graphs=`, `model.cuda_graph`): on a GPU, a full-model block forward of up to
 static_forward.MAX_ROWS rows is replayed from a CUDA graph at fixed shapes (decoding/engine/static_forward.py);
-the prefill, layer subsets and longer blocks stay eager.
+the prefill, layer subsets and longer blocks stay eager. Its KV buffer holds every layer, a sliding one too (with
+every key: the masks hide those past the window, `_sliding_keys`).
 """
 
 from __future__ import annotations
@@ -114,7 +115,7 @@ class TargetModel:
             # the embedding and the LM head too: a device_map may put either on another device than the layers
             ends = [w.device for m in (model.get_input_embeddings(), model.get_output_embeddings())
                     if (w := getattr(m, "weight", None)) is not None]
-            why = static_forward.check_static(model, self.layout, {*self._layer_devices.values(), *ends}, kv_buffer)
+            why = static_forward.check_static(model, {*self._layer_devices.values(), *ends}, kv_buffer)
             if why:
                 raise ConfigError(f"{graphs.what}=true: {self.config.model_type} cannot be replayed from CUDA graphs: "
                                   f"{why}; set {graphs.what}=false")
@@ -140,9 +141,9 @@ class TargetModel:
             if too_small or buffer.capacity >= 4 * need:
                 self.graphs.forget()  # they hold the old buffer's tensors
                 self._graphed_generation = None
-                slots = len([i for i in self.layers if i in self._full_layers])
-                self._static_buffer = KVBuffer(slots, need, zeroed=True)
-            self.cache, self._buffered = buffered_cache(self.config, self.layers, self._full_layers,
+                # every layer, a sliding one too (it keeps every key: its static mask applies the window)
+                self._static_buffer = KVBuffer(len(self.layers), need, zeroed=True)
+            self.cache, self._buffered = buffered_cache(self.config, self.layers, set(self.layers),
                                                         self._layer_devices, reuse=self._static_buffer)
         elif self.kv_buffer:
             self.cache, self._buffered = buffered_cache(self.config, self.layers, self._full_layers,
@@ -232,11 +233,15 @@ class TargetModel:
                 and layer.keys is not None and layer.keys.numel() > 0]
 
     def _sliding_keys(self) -> int | None:
-        """How many cached keys a sliding layer returns in front of the next block where the installed
-        transformers returns every recorded key (< 5.25); None: the layout's default, min(prefix, window - 1)."""
-        if self._sliding_layer is None or not attention_layout.returns_recorded_past():
+        """How many cached keys a sliding layer returns in front of the next block where it returns more than the
+        window's: every key it keeps in the static forward's buffer, every recorded key with transformers < 5.25;
+        None: the layout's default, min(prefix, window - 1)."""
+        if self._sliding_layer is None:
             return None
-        keys = self.cache.layers[self._sliding_layer].keys
+        layer = self.cache.layers[self._sliding_layer]
+        if not isinstance(layer, BufferedLayer) and not attention_layout.returns_recorded_past():
+            return None
+        keys = layer.keys
         return 0 if keys is None else keys.shape[-2]
 
     def _past_window(self, sliding_keys: int | None) -> bool:
@@ -327,7 +332,7 @@ class TargetModel:
         if visible is not None:
             visible = to_device(visible, self.device, torch.bool)
         block = StaticBlock(tokens, positions, visible, prefix, buffer.capacity, self.dtype, self._columns,
-                            last_only)
+                            last_only, self.layout.windows.get(attention_layout.SLIDING))
         taps = tuple(hidden_layers)
         name = f"target:{rows}" + (":last" if last_only else "") + (f":taps{list(taps)}" if taps else "")
         logits, *hidden = self._replay(name, block.inputs(), {"keys": buffer.keys, "values": buffer.values,
@@ -341,13 +346,14 @@ class TargetModel:
         """The network pass of a static forward: its inputs copied in, the graph replayed (captured first)."""
         return self.graphs(name, self._static_pass, inputs, constants)
 
-    def _static_pass(self, input_ids, position_ids, mask, slots, last_row, keys, values, taps):
+    def _static_pass(self, input_ids, position_ids, mask, sliding_mask, slots, last_row, keys, values, taps):
         """The captured function: the base model over the padded block, writing its KV to `slots`, then
         the LM head on every row or on `last_row`. `keys`/`values` (the buffer's) only key the graph."""
         buffer = self._static_buffer
         buffer.write_slots = slots
+        masks = static_forward.layer_masks(self.layout, mask, sliding_mask)
         try:
-            out = self.model.model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
+            out = self.model.model(input_ids=input_ids, position_ids=position_ids, attention_mask=masks,
                                    use_cache=True, output_hidden_states=bool(taps), **{self._cache_kw: self.cache})
         finally:
             buffer.write_slots = None

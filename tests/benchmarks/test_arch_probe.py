@@ -29,11 +29,19 @@ def test_the_probe_passes_a_scaled_family_names_what_it_ran_and_reports_a_refusa
                           "families probed: 3, every check passed: granite, phi3"]
 
 
+def test_the_static_forward_probe_replays_each_lossless_method_to_ar_and_runs_on_the_meta_device():
+    proc = run("--archs", "gemma3,mixtral", "--methods", "ar,ddtree", "--tokens", "8", "--static")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    for arch in ("gemma3", "mixtral"):
+        line = next(ln for ln in proc.stdout.splitlines() if ln.startswith(arch))
+        assert line.endswith("1/1 lossless = AR, 2/2 runs; static 2/2 = AR, meta ok"), line
+
+
 def test_a_failing_family_is_named_and_the_exit_code_says_so(tmp_path):
     """A family whose readout the layer-subset path does not know (the Readout check planted to refuse) fails."""
     plant = tmp_path / "sitecustomize.py"
     plant.write_text("from decoding.engine import readout\n"
-                     "def refuse(self, model):\n"
+                     "def refuse(self, model, **kwargs):\n"
                      "    raise readout.UnsupportedArchitecture(f'{model.config.model_type}: planted')\n"
                      "readout.Readout.check = refuse\n")
     proc = run("--archs", "cohere", "--methods", "ar,sd_slim", "--tokens", "8", plant=tmp_path)
