@@ -16,7 +16,8 @@ On one GPU (default shape: Qwen3-1.7B's, random weights; a few minutes):
    from the target's CUDA graphs (`cost_curve_graphed`; emulated off CUDA);
 4. every method again on a tiny random Gemma 3 (sliding and full layers, an 8-token window the prompts
    cross), on the device in the same dtype: the engine's hybrid-attention paths (docs/architectures.md),
-   which the Qwen3 shape does not reach, under the device's own transformers;
+   which the Qwen3 shape does not reach, under the device's own transformers; then `--hybrid-graphed` methods
+   on it with model.cuda_graph=true (the static forward's sliding-window masks over every kept key);
 5. the device's own count of what the host waited for: every method at T=0 and T=1 on one prompt under
    `torch.cuda.set_sync_debug_mode("warn")` (pipeline/step_probes.py `device_syncs`), synchronizing operations
    per step and the lines they came from, next to the host reads per step the CPU tests count by rule in the
@@ -415,6 +416,8 @@ def main() -> int:
                          "tiny: none)")
     ap.add_argument("--max-rows", type=int, default=1024, help="largest row count of the cost curve")
     ap.add_argument("--hybrid-methods", default=None, help="section 4's methods (default: --methods)")
+    ap.add_argument("--hybrid-graphed", default=None,
+                    help="section 4's methods also run with model.cuda_graph=true (default ar,ddtree; tiny: none)")
     ap.add_argument("--sections", default="methods,builders,curve,hybrid,syncs",
                     help="which of the five sections run (e.g. a second device call for what a first one skipped)")
     ap.add_argument("--methods-budget-s", type=float, default=None,
@@ -498,8 +501,10 @@ def main() -> int:
     hybrid = None
     if "hybrid" in sections:
         hybrid_names = with_ar_first([m for m in (args.hybrid_methods or args.methods).split(",") if m])
+        hybrid_graphed = [m for m in (args.hybrid_graphed if args.hybrid_graphed is not None else "" if args.tiny
+                                      else "ar,ddtree").split(",") if m]
         hybrid = section(run_hybrid, args.dtype, device, folder, hybrid_names, max_new,
-                         recorder(report["hybrid"], f"{HYBRID_ARCH}/"))
+                         recorder(report["hybrid"], f"{HYBRID_ARCH}/"), hybrid_graphed)
     report["syncs"] = not_run
     if "syncs" in sections:
         report["syncs"] = section(count_syncs, target, folder, shape, names, prompt_ids[0], max_new)
@@ -588,11 +593,13 @@ def with_ar_first(names: list[str]) -> list[str]:
 HYBRID_ARCH = "gemma3"  # sliding + full layers, local/global rotary (pipeline/zoo.py ARCHITECTURES)
 
 
-def run_hybrid(dtype: str, device, folder: Path, names, max_new_tokens, on_row) -> list[dict]:
-    """Every method of `names` on a tiny random Gemma 3 on the device (random drafters of its shape)."""
+def run_hybrid(dtype: str, device, folder: Path, names, max_new_tokens, on_row, graphed=()) -> list[dict]:
+    """Every method of `names` on a tiny random Gemma 3 on the device (random drafters of its shape), then those
+    of `graphed` on it with model.cuda_graph=true."""
     target = random_target("tiny", getattr(torch, dtype), device, arch=HYBRID_ARCH)
     prompt_ids = mixed_prompts(2, target.config.vocab_size - 1)  # 24 tokens each: past the 8-token window
-    return run_methods(target, folder / HYBRID_ARCH, "tiny", names, prompt_ids, max_new_tokens, on_row=on_row)
+    return run_methods(target, folder / HYBRID_ARCH, "tiny", names, prompt_ids, max_new_tokens, on_row=on_row,
+                       graphed=graphed)
 
 
 def finish(report: dict, problems: list[str], save, skipped=()) -> int:

@@ -261,6 +261,16 @@ def test_graphed_variants_run_on_a_target_replaying_its_forwards_and_are_checked
     assert [r["rows"] for r in report["cost_curve_graphed"]] == [1, 2, 4]
 
 
+def test_graphed_rows_on_the_hybrid_target_replay_its_sliding_layers_and_match_eager_ar(tmp_path, monkeypatch, capsys):
+    code, report, last = run_smoke(tmp_path, monkeypatch, capsys, "--methods", "ar,ddtree", "--hybrid-graphed",
+                                   "ar,ddtree", "--sections", "hybrid")
+    assert code == 3 and report["problems"] == []
+    assert [(r["method"], r["T"]) for r in report["hybrid"]] == [
+        (f"gemma3/{m}", t) for m in ("ar", "ddtree", "ar graphed", "ddtree graphed") for t in (0.0, 1.0)]
+    graphed_t0 = [r for r in report["hybrid"] if r["method"].endswith("graphed") and r["T"] == 0.0]
+    assert all(r["diverged"] == 0 and r["graph_captures"] >= 1 for r in graphed_t0)  # against the eager AR's tokens
+
+
 def test_a_graphed_row_that_never_replays_is_a_problem(tmp_path, monkeypatch, capsys):
     smoke = load_smoke()
     real = smoke.graphed_target

@@ -74,7 +74,7 @@ def test_the_check_runs_at_the_first_layer_subset_pass(monkeypatch):
     the full model's own forward needs none."""
     granite = random_target("tiny", arch="granite")  # a model no test has checked yet
     checks = []
-    monkeypatch.setattr(Readout, "check", lambda self, model: checks.append(model))
+    monkeypatch.setattr(Readout, "check", lambda self, model, **kwargs: checks.append(model))
     prompt = mixed_prompts(1, 500)[0]
     full = TargetModel(granite.model)
     full.prefill(prompt)
