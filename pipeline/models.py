@@ -193,11 +193,65 @@ def load_model(cfg: ModelConfig):
         kwargs["device_map"] = cfg.device_map
     try:
         tokenizer = AutoTokenizer.from_pretrained(location, revision=cfg.revision, trust_remote_code=cfg.trust_remote_code)
-        model = AutoModelForCausalLM.from_pretrained(location, **kwargs)
+        try:
+            model = AutoModelForCausalLM.from_pretrained(location, **kwargs)
+        except ValueError as err:  # an image-text checkpoint transformers has no causal-LM class for (Mistral 3, LLaVA)
+            if "Unrecognized configuration class" not in str(err):
+                raise
+            model = image_text_model(location, kwargs, cfg.name)
     except OSError as err:  # missing hub id / folder / offline
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ModelLoadError(f"model '{cfg.name}' ({location}) could not be loaded: {first}") from err
-    return model.eval(), tokenizer
+    return text_causal_lm(model.eval(), cfg.name), tokenizer
+
+
+def image_text_model(location, kwargs: dict, name: str):
+    """An image-text checkpoint (its text part is what `text_causal_lm` keeps), or one line why not."""
+    from transformers import AutoModelForImageTextToText
+
+    try:
+        return AutoModelForImageTextToText.from_pretrained(location, **kwargs)
+    except ValueError as err:
+        raise ModelLoadError(f"model '{name}' ({location}): transformers has no causal-LM or image-text class for "
+                             f"its config") from err
+
+
+@torch.inference_mode()
+def text_causal_lm(model, name: str = "model"):
+    """The causal LM of a checkpoint's text part, sharing its weights; the model itself where its config is a text
+    model's. Why: transformers loads Gemma 3 4B-27B (and other image-text checkpoints, e.g. Mistral 3) as
+    `...ForConditionalGeneration`, whose config keeps the decoder's fields under `text_config` and whose stack
+    holds a vision tower; the engine runs text and reads the decoder's config, layers and head. The view is
+    transformers' own causal-LM class for the text config (built on the meta device, then given the checkpoint's
+    decoder and LM head, so nothing is copied; the vision tower is freed with the wrapper), checked on one short
+    text forward against the whole model. A checkpoint whose text part is not such a model: one line."""
+    import copy
+
+    from transformers import AutoModelForCausalLM
+
+    text_config = model.config.get_text_config(decoder=True)
+    if text_config is model.config:
+        return model
+    decoder, head = model.get_decoder(), model.get_output_embeddings()
+    try:
+        with torch.device("meta"):  # on a copy: from_config settles the attention implementation on its config
+            text = AutoModelForCausalLM.from_config(copy.deepcopy(text_config))
+    except ValueError as err:  # no causal-LM class for the text config (Qwen2.5-VL's and Qwen3-VL's M-RoPE stacks)
+        raise ModelLoadError(f"model '{name}': its text part ({text_config.model_type}) has no causal-LM class in "
+                             f"transformers, so the engine cannot run it alone") from err
+    if type(getattr(text, "model", None)) is not type(decoder) or head is None or not hasattr(text, "lm_head"):
+        raise ModelLoadError(f"model '{name}': its text decoder ({type(decoder).__name__}) is not the stack of "
+                             f"{type(text).__name__}, so the engine cannot run its text part alone")
+    text.model, text.lm_head, text.config = decoder, head, text_config
+    text.generation_config = model.generation_config  # its end-of-turn tokens
+    text.eval()
+    ids = torch.arange(1, 5, device=decoder.get_input_embeddings().weight.device)[None]
+    whole, alone = model(input_ids=ids).logits.float(), text(input_ids=ids).logits.float().to(ids.device)
+    if not torch.allclose(alone, whole.to(ids.device), rtol=0, atol=8 * torch.finfo(head.weight.dtype).eps
+                          * (1 + whole.abs().max().item())):
+        raise ModelLoadError(f"model '{name}': its text part alone ({type(text).__name__}) does not reproduce the "
+                             f"checkpoint's logits on text, so the engine cannot run it")
+    return text
 
 
 def stop_token_ids(model, tokenizer) -> set[int]:

@@ -387,8 +387,10 @@ class TargetModel:
         hidden = {}
         if hidden_layers:
             # hidden_states[0] is the embedding output; the output of decoder layer i is [i + 1].
-            hidden = {i: out.hidden_states[i + 1][0] for i in hidden_layers}
-        return ForwardOutput(out.logits[0].float(), hidden)
+            hidden = {i: out.hidden_states[i + 1][0].to(self.device) for i in hidden_layers}
+        # to the input device: accelerate's hook on a device_map'd model does it, but not on an image-text
+        # checkpoint's text part (pipeline/models.py text_causal_lm), whose hook sat on the whole checkpoint
+        return ForwardOutput(out.logits[0].to(self.device).float(), hidden)
 
     @torch.inference_mode()
     def _run_layers(self, tokens, positions, mask, hidden_layers, last_only, layers) -> ForwardOutput:

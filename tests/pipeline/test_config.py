@@ -10,7 +10,8 @@ from pipeline.schema import RunConfig, register_configs
 register_configs()
 
 MODELS = ["smollm2-135m", "qwen3-0.6b", "qwen3-4b", "qwen3-8b", "llama-2-7b-chat", "llama-3-8b-instruct",
-          "codellama-7b-instruct", "qwen2-7b-instruct", "gemma3-270m"]
+          "codellama-7b-instruct", "qwen2-7b-instruct", "gemma3-270m", "gemma3-4b-it", "gemma3-12b-it",
+          "gemma3-27b-it"]
 TASKS = ["mt_bench", "gsm8k", "humaneval", "mbpp", "cnn_dm", "wmt_de_en", "qa", "alpaca", "math500", "spec_bench"]
 
 
