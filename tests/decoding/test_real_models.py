@@ -255,8 +255,7 @@ def test_gemma3_past_its_sliding_window_ar_is_the_models_own_forward_and_pld_equ
     model's own uncached forward, and PLD (rejected drafts compacted out of the sliding layers) equals AR."""
     if real_target.config.model_type != "gemma3_text":
         pytest.skip("Gemma 3's sliding window")
-    tok = real_target.tokenizer
-    prompt = tok("".join(f"def add_{i}(x):\n    return x + {i * 7 % 13}\n\n" for i in range(40)))["input_ids"]
+    prompt = window_crossing_prompt(real_target.tokenizer)
     window = real_target.layout.windows["sliding_attention"]
     assert window == 512 < len(prompt)
     ar = generate(AR(), real_target, prompt, max_new_tokens=24).new_tokens
@@ -268,3 +267,26 @@ def test_gemma3_past_its_sliding_window_ar_is_the_models_own_forward_and_pld_equ
     state = generate(PromptLookup(PLDConfig()), real_target, prompt, max_new_tokens=24)
     assert state.new_tokens == ar
     assert state.stats.num_draft_tokens > state.stats.num_accepted_tokens > 0
+
+
+def window_crossing_prompt(tokenizer) -> list[int]:
+    """~600 tokens of code: past Gemma 3's 512-token sliding window."""
+    return tokenizer("".join(f"def add_{i}(x):\n    return x + {i * 7 % 13}\n\n" for i in range(40)))["input_ids"]
+
+
+@pytest.mark.slow
+def test_gemma3_replaying_its_forwards_past_its_sliding_window_gives_the_eager_ar_tokens(real_target):
+    """model.cuda_graph's static forward (its graphs emulated on the CPU) on the real Gemma 3: the sliding layers keep
+    every key in the static buffer, masked to the 512-token window; AR and PLD on it equal the eager AR (fp32)."""
+    from decoding.engine.cuda_graph import GraphReplayer
+
+    if real_target.config.model_type != "gemma3_text":
+        pytest.skip("Gemma 3's sliding window")
+    graphed = TargetModel(real_target.model, real_target.tokenizer,
+                          graphs=GraphReplayer(True, "model.cuda_graph", emulate=True))
+    prompt = window_crossing_prompt(real_target.tokenizer)
+    ar = generate(AR(), real_target, prompt, max_new_tokens=24).new_tokens
+    assert generate(AR(), graphed, prompt, max_new_tokens=24).new_tokens == ar
+    state = generate(PromptLookup(PLDConfig()), graphed, prompt, max_new_tokens=24)
+    assert state.new_tokens == ar and state.stats.num_accepted_tokens > 0
+    assert graphed.graphs.captures >= 2  # one row (AR) and PLD's draft blocks
