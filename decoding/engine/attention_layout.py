@@ -72,9 +72,13 @@ class AttentionLayout:
         `sliding_keys`: how many cached keys a sliding layer returns in front of the block (default
         min(prefix_len, window - 1); more where the layer returns its recorded past).
         Always float: a boolean 4D mask is silently wrong under eager attention in transformers 5."""
-        masks = {t: self._mask(visible, positions, prefix_len, w, dtype, sliding_keys) for t, w in self.windows.items()}
-        # one type: a tensor, since the forwards of one-type models (LLaMA, Mistral) take no dict
-        return next(iter(masks.values())) if self.is_uniform else masks
+        return self.as_given({t: self._mask(visible, positions, prefix_len, w, dtype, sliding_keys)
+                              for t, w in self.windows.items()})
+
+    def as_given(self, masks: dict):
+        """{layer type: mask} as the model's forward takes it: the one tensor for a model of one layer type (the
+        forwards of one-type models, LLaMA or Mistral, take no dict), else the dict of this model's types."""
+        return masks[self.types[0]] if self.is_uniform else {t: masks[t] for t in self.windows}
 
     @staticmethod
     def _mask(visible, positions, prefix_len: int, window: int | None, dtype, sliding_keys: int | None) -> torch.Tensor:
@@ -89,13 +93,19 @@ class AttentionLayout:
         if window is not None:
             key_positions = torch.cat([torch.arange(prefix_len - cached, prefix_len, device=positions.device),
                                        positions])
-            mask[0, 0].masked_fill_(key_positions[None, :] <= positions[:, None] - window, blocked)
+            mask[0, 0].masked_fill_(outside_window(key_positions, positions, window), blocked)
         return mask
 
     @staticmethod
     def mask_for(masks, layer_type: str):
         """The mask one layer gets from `masks()`'s result (a tensor serves every layer)."""
         return masks[layer_type] if isinstance(masks, dict) else masks
+
+
+def outside_window(key_positions: torch.Tensor, query_positions: torch.Tensor, window: int) -> torch.Tensor:
+    """[queries, keys] bool: the keys a sliding layer's row does not see (a key at position k is in the window of a
+    row at position q when q - window < k: the sliding overlay of transformers' masking_utils)."""
+    return key_positions[None, :] <= query_positions[:, None] - window
 
 
 # ------------------------------------------------------------------ cache layers

@@ -93,7 +93,8 @@ class KVBuffer:
 
 
 class BufferedLayer(DynamicLayer):
-    """A full-attention layer whose keys and values are its slot of a KVBuffer, `length` rows long.
+    """A layer whose keys and values are its slot of a KVBuffer, `length` rows long (a full-attention layer; under
+    the static forward a sliding one too, keeping every key).
     It keeps views of its slot ([batch, heads, capacity, head_dim]) so that a forward's update is two
     row writes and two prefix views, about what DynamicLayer's two concatenations cost on the host."""
 

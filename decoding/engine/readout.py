@@ -110,12 +110,22 @@ class Readout:
         gaps = torch.stack([(ours.float() - logits.float()).abs().max(), logits.float().abs().max(),
                             (embedded.float() - given.float()).abs().max(), given.float().abs().max()])
         worst, top, embed_worst, embed_top = gaps.tolist()  # one host read
-        roundings = CHECK_ROUNDINGS * max(torch.finfo(logits.dtype).eps, 2.0 ** -16)
-        if worst > roundings * (top + 1.0) or embed_worst > roundings * (embed_top + 1.0):
+        if worst > tolerance(logits.dtype, top) or embed_worst > tolerance(logits.dtype, embed_top):
             raise UnsupportedArchitecture(
                 f"{model.config.model_type}: its forward does something around its decoder stack that {user} does "
                 f"not repeat (logits differ by up to {worst:.3g}, embeddings by {embed_worst:.3g}); methods that run "
                 f"the full model eagerly still work")
+
+
+def tolerance(dtype: torch.dtype, top: float) -> float:
+    """How far two computations of the same values, of largest magnitude `top`, may differ: CHECK_ROUNDINGS
+    roundings of `dtype` (at least 2^-16: fp32 kernels differ by more than its eps between paths)."""
+    return CHECK_ROUNDINGS * max(torch.finfo(dtype).eps, 2.0 ** -16) * (top + 1.0)
+
+
+def mark_checked(model) -> None:
+    """Count `model` as checked without running the check (a model on the meta device has no values to compare)."""
+    _CHECKED.add(model)
 
 
 def soft_cap(logits: torch.Tensor, cap: float | None) -> torch.Tensor:

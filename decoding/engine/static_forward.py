@@ -47,7 +47,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from decoding.engine.attention_layout import FULL, SLIDING, UnsupportedArchitecture
+from decoding.engine.attention_layout import UnsupportedArchitecture, outside_window
 from decoding.engine.readout import Readout
 
 MAX_ROWS = 1024  # the largest block a graph holds; a larger one runs eagerly (CaDDTree's 1024-node tree: 1025 rows)
@@ -64,10 +64,11 @@ def check_static(model, devices: set, kv_buffer: bool) -> str | None:
     config = model.config
     if not (hasattr(model, "model") and hasattr(model, "lm_head")):
         return f"the static pass calls a decoder stack (`model`) and an `lm_head`, which {type(model).__name__} lacks"
-    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
-    built = getattr(getattr(model.model, "rotary_emb", None), "rope_type", None)  # what the model runs with
-    if "dynamic" in (built, rope.get("rope_type", rope.get("type")) if isinstance(rope, dict) else None):
+    if "dynamic" in rope_types(model):
         return "its dynamic RoPE compares positions on the host"
+    if getattr(config, "_experts_implementation", None) == "eager" and type(model)._can_set_experts_implementation():
+        return ("its MoE experts run transformers' eager loop, which finds the routed experts on the host (nonzero); "
+                "load it with experts_implementation='grouped_mm' or 'batched_mm'")
     if len(devices) > 1:
         return "its layers, embedding and LM head are spread over several devices (device_map)"
     if not kv_buffer:
@@ -75,8 +76,21 @@ def check_static(model, devices: set, kv_buffer: bool) -> str | None:
     try:  # the static pass computes the logits as the layer-subset path does: the same check (one short forward)
         Readout.of(config).check_once(model, user="the static pass (model.cuda_graph)")
     except UnsupportedArchitecture as error:
-        return str(error)
+        return str(error).removeprefix(f"{config.model_type}: ")  # the caller's line names the model type
     return None
+
+
+def rope_types(model) -> set:
+    """The RoPE types a model runs with: its config's and its rotary embedding's (Gemma 3 keeps one per layer type,
+    in a dict keyed by the type)."""
+    config = model.config
+    found = set()
+    for given in (getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None),
+                  getattr(getattr(model.model, "rotary_emb", None), "rope_type", None)):
+        for value in (given.values() if isinstance(given, dict) and not {"rope_type", "type"} & given.keys()
+                      else [given]):
+            found.add(value.get("rope_type", value.get("type")) if isinstance(value, dict) else value)
+    return found - {None}
 
 
 def capacity_for(rows: int) -> int:
@@ -107,10 +121,10 @@ class StaticBlock:
         mask[:, prefix:prefix + self.padded].masked_fill_(seen, 0)
         self.mask = mask[None, None]
         self.sliding_mask = None
-        if window is not None:  # a key at position k is in the window of a row at q when q - window < k
+        if window is not None:
             key_positions = columns.clone()  # the prefix's keys sit at their positions; past the block: hidden anyway
             key_positions[prefix:prefix + self.padded] = self.position_ids[0]
-            outside = key_positions[None, :] <= self.position_ids[0, :, None] - window
+            outside = outside_window(key_positions, self.position_ids[0], window)
             self.sliding_mask = mask.masked_fill(outside, blocked)[None, None]  # a row always sees itself
         self.slots = columns[prefix:prefix + self.padded]  # the block rows' cache slots
         self.last_row = columns[n - 1:n] if last_only else None
@@ -119,9 +133,3 @@ class StaticBlock:
         return {"input_ids": self.input_ids, "position_ids": self.position_ids, "mask": self.mask,
                 "sliding_mask": self.sliding_mask, "slots": self.slots, "last_row": self.last_row}
 
-
-def layer_masks(layout, mask: torch.Tensor, sliding_mask: torch.Tensor | None):
-    """The static masks as the model's forward takes them: one tensor for a model of one layer type, else a
-    dict by layer type (as `AttentionLayout.masks`)."""
-    masks = {FULL: mask, SLIDING: sliding_mask}
-    return masks[layout.types[0]] if layout.is_uniform else {t: masks[t] for t in layout.windows}

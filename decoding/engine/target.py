@@ -102,7 +102,9 @@ class TargetModel:
         self.context_limit: int | None = getattr(self.config, "max_position_embeddings", None)
         self.kv_buffer = kv_buffer
         self.cache: DynamicCache | None = None
-        self._buffered: list[BufferedLayer] = []  # the cache's full-attention layers (decoding/engine/kv_cache.py)
+        # the cache's layers in the KV buffer (decoding/engine/kv_cache.py): the full-attention ones; every layer under
+        # the static forward
+        self._buffered: list[BufferedLayer] = []
         # decode-time passes through this wrapper's weights (prefill excluded): the raw count, and the
         # cost-weighted count in full-model units (a pass over k of the model's L layers counts k/L)
         self.num_forwards = 0
@@ -245,8 +247,9 @@ class TargetModel:
         return 0 if keys is None else keys.shape[-2]
 
     def _past_window(self, sliding_keys: int | None) -> bool:
-        """True when the sliding layers will return keys beyond the window (recorded past, transformers
-        < 5.25): a block then needs our explicit mask, even one row or a plain chain."""
+        """True when the sliding layers will return keys beyond the window (every kept key in the static forward's
+        buffer, the recorded past with transformers < 5.25): a block then needs our explicit mask, even one row or a
+        plain chain."""
         return sliding_keys is not None and sliding_keys >= self.layout.windows[attention_layout.SLIDING]
 
     # ---------------------------------------------------------------- forward
@@ -262,6 +265,10 @@ class TargetModel:
         tokens = torch.tensor(ids, device=self.device)
         out = self._run(tokens, torch.arange(len(ids), device=self.device), None, hidden_layers,
                         last_only=True, layers=self.layers)
+        if self.graphs is not None and any(layer.buffer is not self._static_buffer for layer in self._buffered):
+            raise ConfigError(f"{self.graphs.what}=true: {self.config.model_type} cannot be replayed from CUDA graphs: "
+                              f"its layers' keys or values differ in shape (the graphs read one KV buffer holding "
+                              f"every layer); set {self.graphs.what}=false")
         self.truncate(len(ids))  # sliding layers back to their window
         self.num_forwards, self.forward_cost = 0, 0.0
         return out
@@ -351,7 +358,7 @@ class TargetModel:
         the LM head on every row or on `last_row`. `keys`/`values` (the buffer's) only key the graph."""
         buffer = self._static_buffer
         buffer.write_slots = slots
-        masks = static_forward.layer_masks(self.layout, mask, sliding_mask)
+        masks = self.layout.as_given({attention_layout.FULL: mask, attention_layout.SLIDING: sliding_mask})
         try:
             out = self.model.model(input_ids=input_ids, position_ids=position_ids, attention_mask=masks,
                                    use_cache=True, output_hidden_states=bool(taps), **{self._cache_kw: self.cache})

@@ -26,6 +26,10 @@ def image_text_config(family: str, vocab_size: int = TEXT["vocab_size"]):
         return transformers.Mistral3Config(text_config={"model_type": "mistral", **text},
                                            vision_config={"model_type": "pixtral", "head_dim": 16, **VISION},
                                            image_token_index=vocab_size - 1)
+    if family == "llava":  # LLaVA: a LLaMA decoder beside a CLIP tower
+        return transformers.LlavaConfig(text_config={"model_type": "llama", **text},
+                                        vision_config={"model_type": "clip_vision_model", "projection_dim": 32, **VISION},
+                                        image_token_index=vocab_size - 1)
     # Qwen2.5-VL: its text stack (M-RoPE) has no causal-LM class of its own
     return transformers.Qwen2_5_VLConfig(text_config={**text, "rope_scaling": {"type": "mrope", "mrope_section": [2, 2, 4]}},
                                          vision_config={"depth": 1, "hidden_size": 32, "intermediate_size": 64,
@@ -84,9 +88,11 @@ def saved(tmp_path):
     return save
 
 
-def test_load_model_reads_an_image_text_checkpoint_without_a_causal_lm_class_through_its_text_part(saved):
-    model, tokenizer = load_model(saved("mistral3"))
-    assert type(model).__name__ == "MistralForCausalLM" and model.config.model_type == "mistral"
+@pytest.mark.parametrize("family, text_class", [("mistral3", "MistralForCausalLM"), ("llava", "LlamaForCausalLM")])
+def test_load_model_reads_an_image_text_checkpoint_without_a_causal_lm_class_through_its_text_part(saved, family,
+                                                                                                   text_class):
+    model, tokenizer = load_model(saved(family))
+    assert type(model).__name__ == text_class and model.config._name_or_path.endswith(family)
     ids = tokenizer("hello there").input_ids
     assert len(generate(AR(), TargetModel(model, tokenizer), ids, max_new_tokens=4).new_tokens) == 4
 

@@ -257,6 +257,14 @@ def test_a_target_the_static_forward_cannot_hold_is_one_config_error():
     llama.model.rotary_emb.rope_type = "dynamic"  # what the model was built with, whatever its config says
     with pytest.raises(ConfigError, match="dynamic RoPE"):
         TargetModel(llama, graphs=emulated())
+    gemma = random_target("tiny", arch="gemma3", seed=2).model  # RoPE types per layer type, in a dict
+    gemma.model.rotary_emb.rope_type = {"sliding_attention": "default", "full_attention": "dynamic"}
+    with pytest.raises(ConfigError, match="dynamic RoPE"):
+        TargetModel(gemma, graphs=emulated())
+    moe = random_target("tiny", arch="qwen3_moe").model
+    moe.config._experts_implementation = "eager"  # transformers' experts loop: `nonzero` on the routing
+    with pytest.raises(ConfigError, match="MoE experts run transformers' eager loop"):
+        TargetModel(moe, graphs=emulated())
     split = random_target("tiny").model  # a device_map that put the LM head alone on another device
     split.lm_head.to("meta")
     with pytest.raises(ConfigError, match="spread over several devices"):
@@ -264,6 +272,35 @@ def test_a_target_the_static_forward_cannot_hold_is_one_config_error():
     # a layer subset (a drafter made of the target's layers) and a disabled replayer stay eager
     assert TargetModel(eager_target().model, layers=[0, 1], graphs=emulated()).graphs is None
     assert TargetModel(eager_target().model, graphs=GraphReplayer(False, "model.cuda_graph")).graphs is None
+
+
+def test_layers_whose_keys_one_buffer_cannot_hold_are_refused_at_the_prefill(monkeypatch):
+    """A layer whose keys differ in shape from the buffer's gets a buffer of its own, which the graphs do not read."""
+    from decoding.engine import kv_cache
+
+    graphed = graphed_target()
+    monkeypatch.setattr(kv_cache.KVBuffer, "fits", lambda self, keys, values: False)
+    with pytest.raises(ConfigError, match="keys or values differ in shape .* set model.cuda_graph=false"):
+        graphed.prefill(prompts()[0])
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "mistral"])
+def test_eager_passes_on_a_graphed_sliding_target_read_every_kept_key_masked_to_the_window(arch, monkeypatch):
+    """Blocks too long for a graph (MAX_ROWS lowered to 4) and VIA-SD's layer-subset passes run eagerly on the
+    static buffer, whose sliding layers keep every key: they must see only the window, as on the eager target."""
+    monkeypatch.setattr(static_forward, "MAX_ROWS", 4)
+    eager, graphed = eager_target(arch), graphed_target(arch)
+    prompt = list(range(5, 40))  # 35 tokens, past the 8-token window
+    tree = np.array([[1, 0, 0], [1, 1, 0], [1, 0, 1]], bool)
+    calls = [dict(tokens=list(range(7, 13)), depths=list(range(6)), visible=None),  # 6 rows: eager on both
+             dict(tokens=[9], depths=[0], visible=None, active_layers=(0, 2, 3)),  # slim passes: one row,
+             dict(tokens=[9, 10, 11], depths=[0, 1, 2], visible=None, active_layers=(0, 2, 3)),  # a chain,
+             dict(tokens=[9, 10, 11], depths=[0, 1, 1], visible=tree, active_layers=(1, 2, 5))]  # a tree
+    for call in calls:
+        for target in (eager, graphed):
+            target.prefill(prompt, rows_expected=80)
+        torch.testing.assert_close(graphed.forward(**call).logits, eager.forward(**call).logits, **CLOSE)
+    assert not graphed.graphs.graphs  # nothing replayed: every pass above was eager
 
 
 def described(a):
@@ -294,10 +331,12 @@ def dispatched(fn) -> list:
     return recorder.ops
 
 
-def test_the_captured_forward_is_the_same_program_at_every_prefix():
+@pytest.mark.parametrize("arch", ["qwen3", "gemma3"])
+def test_the_captured_forward_is_the_same_program_at_every_prefix(arch):
     """A replay repeats the ops of the capture with their arguments: nothing the captured function does may
-    depend on the prefix length (a host value read at the capture would be frozen into the graph)."""
-    graphed = graphed_target()
+    depend on the prefix length (a host value read at the capture would be frozen into the graph). The prefixes,
+    23 and 5 tokens, lie on both sides of Gemma 3's 8-token window."""
+    graphed = graphed_target(arch)
     programs = []
     real = graphed._static_pass
 
@@ -306,7 +345,7 @@ def test_the_captured_forward_is_the_same_program_at_every_prefix():
         return real(**kwargs)
 
     graphed._static_pass = recorded
-    for prompt in (prompts()[0], prompts()[1][:11]):  # prefixes 23 and 10 (the last token is the first root)
+    for prompt in (prompts()[0], prompts()[1][:6]):  # prefixes 23 and 5 (the last token is the first root)
         graphed.prefill(prompt[:-1], rows_expected=64)
         graphed.graphs.forget()  # capture at this prefix
         graphed.forward([prompt[-1], 5, 6], [0, 1, 2], None, hidden_layers=(1,))
@@ -328,8 +367,11 @@ def test_the_captured_forward_reads_nothing_on_the_host(arch):
                       ((1, config.vocab_size), [])]  # 3 rows padded to 4; the last row only; one row
 
 
-def test_an_moe_whose_experts_loop_reads_the_routing_on_the_host_fails_on_the_meta_device(monkeypatch):
-    """The check above can fail: transformers' eager experts loop finds the routed experts with `nonzero`."""
+def test_an_moe_whose_experts_loop_reads_the_routing_on_the_host_is_refused_before_any_capture(monkeypatch):
+    """transformers' eager experts loop finds the routed experts with `nonzero`, a host read (on the meta device it
+    fails), which a capture would fail on mid-run: such a target is refused when it is built, in one line."""
+    from transformers import AutoModelForCausalLM
+
     import pipeline.zoo
 
     real = pipeline.zoo.random_config
@@ -339,8 +381,12 @@ def test_an_moe_whose_experts_loop_reads_the_routing_on_the_host_fails_on_the_me
         config._experts_implementation = "eager"
         return config
 
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(eager_experts("tiny", "qwen3_moe"), dtype=torch.bfloat16).eval()
+    with pytest.raises(NotImplementedError, match="nonzero"), torch.inference_mode():
+        model(input_ids=torch.zeros(1, 3, dtype=torch.long, device="meta"))
     monkeypatch.setattr(pipeline.zoo, "random_config", eager_experts)
-    with pytest.raises(NotImplementedError, match="nonzero"):
+    with pytest.raises(ConfigError, match="MoE experts run transformers' eager loop"):
         static_passes_on_meta("qwen3_moe")
 
 
