@@ -11,10 +11,11 @@ operation its model uses (a division is not replaced by a multiplication by the 
 A family that does something else there (another multiplier, a readout of its own) would give the layer-subset
 path (and the static pass of decoding/engine/static_forward.py) another model than the target, silently. `check`
 compares, on one short uncached forward, this readout of the model's own embedding and final hidden states with
-the model's own embedding output and logits, and raises one line (`UnsupportedArchitecture`) where they differ by more than a few roundings of the model's dtype
-(two forwards of a model whose kernels are not bitwise deterministic, e.g. an MoE's scattered adds on a GPU,
-differ by a rounding; a scale the readout misses differs by far more). Before 2026-12-06 (night) the path applied the
-soft-cap only: on Granite and Cohere its logits were another model's (no error).
+the model's own embedding output and logits, and raises one line (`UnsupportedArchitecture`) where they differ
+by more than a few roundings of the model's dtype (two forwards of a model whose kernels are not bitwise
+deterministic, e.g. an MoE's scattered adds on a GPU, differ by a rounding; a scale the readout misses differs
+by far more). Before 2026-12-06 (night) the path applied the soft-cap only: on Granite and Cohere its logits
+were another model's (no error).
 """
 
 from __future__ import annotations

@@ -30,9 +30,10 @@ replay runs no Python. Which models: those whose causal-LM forward is their deco
 the readout of decoding/engine/readout.py (checked on one short forward, as for the layer-subset path), on one
 device, without dynamic RoPE (it compares positions on the host), with the shared KV buffer, the full model
 (not a layer subset): `check_static` says why not otherwise. Before 2026-12-07 only LLaMA, Mistral, Qwen2
-and Qwen3 without a sliding window were replayed. A stack that reads a device value on the host (an MoE's
-routing may) fails at its capture with one error line (cuda_graph.py); benchmarks/arch_probe.py --static runs
-every probed family's static pass on the meta device, where such a read fails, to say which do.
+and Qwen3 without a sliding window were replayed. A stack that reads a device value on the host fails at its
+capture with one error line (cuda_graph.py); the one such read known, transformers' eager MoE experts loop
+(`nonzero` on the routing), is refused up front. benchmarks/arch_probe.py --static runs every probed family's
+static pass on the meta device, where such a read fails, to say which do.
 
 Unverified on a GPU (this module was written on a machine without one, 2026-12-05): the CPU tests replay the
 graphs by emulation (the same static shapes, padding, slots and masks, run eagerly) and compare with the eager
@@ -132,4 +133,3 @@ class StaticBlock:
     def inputs(self) -> dict:
         return {"input_ids": self.input_ids, "position_ids": self.position_ids, "mask": self.mask,
                 "sliding_mask": self.sliding_mask, "slots": self.slots, "last_row": self.last_row}
-
