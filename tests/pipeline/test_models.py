@@ -75,11 +75,11 @@ def test_a_text_part_that_does_not_reproduce_the_checkpoint_is_one_line(monkeypa
 
 
 @pytest.fixture
-def saved(tmp_path):
-    from tests.conftest import tiny_tokenizer
+def saved(tmp_path, tiny_model_dirs):
+    from transformers import AutoTokenizer
 
     def save(family: str):
-        tokenizer = tiny_tokenizer()
+        tokenizer = AutoTokenizer.from_pretrained(tiny_model_dirs["llama"])  # the character-level one of conftest
         path = tmp_path / family
         image_text_model(family, vocab_size=len(tokenizer) + 3).save_pretrained(path)
         tokenizer.save_pretrained(path)
