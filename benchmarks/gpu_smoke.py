@@ -457,11 +457,9 @@ def main() -> int:
         return finish(report, [f"the random target could not be built ({target['error']})"], save)
     prompt_ids = mixed_prompts(n_prompts, target.config.vocab_size - 1)
     names = [m for m in args.methods.split(",") if m]
-    compiled = [m for m in (args.compiled if args.compiled is not None else "" if args.tiny else "domino").split(",") if m]
-    eager = [m for m in (args.eager if args.eager is not None else "" if args.tiny else "domino,dominotree").split(",")
-             if m]
-    graphed = [m for m in (args.graphed if args.graphed is not None else "" if args.tiny
-                           else "ar,dflash,ddtree,dominotree,eagle3,sd").split(",") if m]
+    compiled = variant_methods(args.compiled, args.tiny, "domino")
+    eager = variant_methods(args.eager, args.tiny, "domino,dominotree")
+    graphed = variant_methods(args.graphed, args.tiny, "ar,dflash,ddtree,dominotree,eagle3,sd")
     names = with_ar_first(names)
 
     def recorder(rows: list, prefix: str = ""):
@@ -501,8 +499,7 @@ def main() -> int:
     hybrid = None
     if "hybrid" in sections:
         hybrid_names = with_ar_first([m for m in (args.hybrid_methods or args.methods).split(",") if m])
-        hybrid_graphed = [m for m in (args.hybrid_graphed if args.hybrid_graphed is not None else "" if args.tiny
-                                      else "ar,ddtree").split(",") if m]
+        hybrid_graphed = variant_methods(args.hybrid_graphed, args.tiny, "ar,ddtree")
         hybrid = section(run_hybrid, args.dtype, device, folder, hybrid_names, max_new,
                          recorder(report["hybrid"], f"{HYBRID_ARCH}/"), hybrid_graphed)
     report["syncs"] = not_run
@@ -583,6 +580,12 @@ def print_syncs(syncs) -> None:
         where = r.get("error") or ", ".join(f"{site} ({n})" for site, n in r["sites"].items())
         reads = " ".join([str(r.get("reads_per_step", ""))] + [f"({site})" for site in r.get("reads_sites", {})])
         print(f"| {r['method']} | {r['T']:g} | {r.get('syncs_per_step', 'FAILED')} | {where} | {reads} |", flush=True)
+
+
+def variant_methods(given: str | None, tiny: bool, default: str) -> list[str]:
+    """The methods of a variant option (`--compiled`, `--eager`, `--graphed`, `--hybrid-graphed`): as given, else
+    none for the tiny CPU run and `default` on a device."""
+    return [m for m in (given if given is not None else "" if tiny else default).split(",") if m]
 
 
 def with_ar_first(names: list[str]) -> list[str]:
