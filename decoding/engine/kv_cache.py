@@ -26,8 +26,9 @@ DynamicLayer's concatenation holds the cache plus one layer).
 
 Static writes (the CUDA-graph forward of decoding/engine/static_forward.py): while `KVBuffer.write_slots` is
 set, a layer's update writes the block's rows into those slots (a device tensor, so a graph can replay it at
-any prefix) and returns its whole slot, every row of capacity; the mask hides the rows past the block. Its
-length is then set by the caller, outside the graph. Such a buffer is zero-filled (`zeroed`): a hidden row is
+any prefix) and returns its whole slot, every row of capacity (a sliding layer: the columns of its window,
+`window_columns`), and the mask hides the rows past the block. Its length is then set by the caller, outside
+the graph. Such a buffer is zero-filled (`zeroed`): a hidden row is
 multiplied by a zero weight, and uninitialised memory may hold NaN, which a zero weight does not cancel.
 """
 
@@ -48,6 +49,7 @@ class KVBuffer:
     def __init__(self, slots: int, min_capacity: int = MIN_CAPACITY, zeroed: bool = False):
         self.slots, self.min_capacity, self.zeroed = slots, min_capacity, zeroed
         self.write_slots: torch.Tensor | None = None  # set during a static forward: the block rows' slots
+        self.window_columns: torch.Tensor | None = None  # and the columns its sliding layers read (None: all)
         self.keys: torch.Tensor | None = None
         self.values: torch.Tensor | None = None
         self.capacity = 0  # rows per slot
@@ -98,8 +100,8 @@ class BufferedLayer(DynamicLayer):
     It keeps views of its slot ([batch, heads, capacity, head_dim]) so that a forward's update is two
     row writes and two prefix views, about what DynamicLayer's two concatenations cost on the host."""
 
-    def __init__(self, buffer: KVBuffer, slot: int):
-        self.buffer, self.slot, self.length = buffer, slot, 0
+    def __init__(self, buffer: KVBuffer, slot: int, sliding: bool = False):
+        self.buffer, self.slot, self.length, self.sliding = buffer, slot, 0, sliding
         self._views_of, self._slot_keys, self._slot_values = None, None, None
         super().__init__()
 
@@ -158,6 +160,9 @@ class BufferedLayer(DynamicLayer):
             keys, values = self._slot_views()
             keys.index_copy_(2, slots, key_states)
             values.index_copy_(2, slots, value_states)
+            columns = self.buffer.window_columns
+            if self.sliding and columns is not None:  # the window's keys only, not all capacity's
+                return keys.index_select(2, columns), values.index_select(2, columns)
             return keys, values
         start, end = self.length, self.length + key_states.shape[-2]
         self.buffer.reserve(key_states, value_states, end)
@@ -204,6 +209,6 @@ def buffered_cache(config, layers: tuple[int, ...], shared_layers: set[int], dev
     for members in per_device.values():
         buffer = reuse or KVBuffer(len(members), capacity)
         for slot, i in enumerate(members):
-            cache.layers[i] = BufferedLayer(buffer, slot)
+            cache.layers[i] = BufferedLayer(buffer, slot, sliding=type(cache.layers[i]) is DynamicSlidingWindowLayer)
             buffered.append(cache.layers[i])
     return cache, buffered

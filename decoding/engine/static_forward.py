@@ -9,15 +9,16 @@ A graph replays fixed shapes and fixed memory, so a static forward differs from 
 - rows: the block is padded to the next power of two (`bucket`, up to MAX_ROWS; longer blocks run eagerly).
   Padded rows hold token 0 at position 0 and see the cached prefix and themselves (in a chain, the rows before
   them too); no real row sees them;
-- keys: every layer attends to its whole slot of the KV buffer (decoding/engine/kv_cache.py: reused across
-  prompts, zero-filled), `capacity` rows, and the mask hides every row past the prefix that is not the block's.
-  A sliding-window layer (Gemma 2/3, Mistral or Qwen2 with a window) keeps every key there too, not transformers'
-  last window - 1, and its mask hides the keys the window leaves out (by position, as transformers' sliding
-  mask does): a graph cannot follow a cache that drops keys. The block's rows are written to their slots
-  through a device tensor (`slots`), so one graph serves every prefix length; the layers' lengths are set
-  afterwards, on the host;
-- mask: one additive [1, 1, rows, capacity] float mask per layer type, built on the device before the replay
-  (a few ops).
+- keys: a full-attention layer attends to its whole slot of the KV buffer (decoding/engine/kv_cache.py: reused
+  across prompts, zero-filled), `capacity` rows, and the mask hides every row past the prefix that is not the
+  block's. A sliding-window layer (Gemma 2/3, Mistral or Qwen2 with a window) keeps every key there too, not
+  transformers' last window - 1 (a graph cannot follow a cache that drops keys), and attends to a fixed-width
+  slice of them (`sliding_columns`: the window plus the padded block, gathered through a device index), its mask
+  hiding the keys the window leaves out (by position, as transformers' sliding mask does). The block's rows are
+  written to their slots through a device tensor (`slots`), so one graph serves every prefix length; the layers'
+  lengths are set afterwards, on the host;
+- mask: one additive float mask per layer type ([1, 1, rows, capacity]; a sliding layer's [1, 1, rows, window +
+  rows]), built on the device before the replay (a few ops).
 The logits come from the base model's last hidden state, the LM head and what the model's forward does around
 them (decoding/engine/readout.py: Granite's and Cohere's logit scales, Gemma 2's soft-cap), for `last_only` on
 the last real row, picked by a device index, so every shape is the bucket's. Outputs are cloned: the next
@@ -121,15 +122,21 @@ class StaticBlock:
             seen[n:, n:].diagonal().fill_(True)  # a padded row sees itself: no row of the softmax is all-masked
         mask[:, prefix:prefix + self.padded].masked_fill_(seen, 0)
         self.mask = mask[None, None]
-        self.sliding_mask = None
+        self.sliding_mask = self.sliding_columns = None
         if window is not None:
-            key_positions = columns.clone()  # the prefix's keys sit at their positions; past the block: hidden anyway
-            key_positions[prefix:prefix + self.padded] = self.position_ids[0]
-            outside = outside_window(key_positions, self.position_ids[0], window)
-            self.sliding_mask = mask.masked_fill(outside, blocked)[None, None]  # a row always sees itself
+            # a sliding layer reads the window's columns only (`sliding_columns`): its first key's column up to the
+            # block's last; a fixed width per bucket, so one graph serves every prefix
+            width = min(capacity, window + self.padded)
+            start = min(max(prefix - window, 0), capacity - width)
+            self.sliding_columns = columns[start:start + width]
+            key_positions = self.sliding_columns.clone()  # the prefix's keys sit at their positions; past the block:
+            key_positions[prefix - start:prefix - start + self.padded] = self.position_ids[0]  # hidden anyway
+            outside = outside_window(key_positions, self.position_ids[0], window)  # never a row's own key
+            self.sliding_mask = mask[:, start:start + width].masked_fill(outside, blocked)[None, None]
         self.slots = columns[prefix:prefix + self.padded]  # the block rows' cache slots
         self.last_row = columns[n - 1:n] if last_only else None
 
     def inputs(self) -> dict:
         return {"input_ids": self.input_ids, "position_ids": self.position_ids, "mask": self.mask,
-                "sliding_mask": self.sliding_mask, "slots": self.slots, "last_row": self.last_row}
+                "sliding_mask": self.sliding_mask, "sliding_columns": self.sliding_columns, "slots": self.slots,
+                "last_row": self.last_row}

@@ -353,17 +353,19 @@ class TargetModel:
         """The network pass of a static forward: its inputs copied in, the graph replayed (captured first)."""
         return self.graphs(name, self._static_pass, inputs, constants)
 
-    def _static_pass(self, input_ids, position_ids, mask, sliding_mask, slots, last_row, keys, values, taps):
-        """The captured function: the base model over the padded block, writing its KV to `slots`, then
-        the LM head on every row or on `last_row`. `keys`/`values` (the buffer's) only key the graph."""
+    def _static_pass(self, input_ids, position_ids, mask, sliding_mask, sliding_columns, slots, last_row, keys, values,
+                     taps):
+        """The captured function: the base model over the padded block, writing its KV to `slots` (sliding layers
+        reading the keys at `sliding_columns`), then the LM head on every row or on `last_row`. `keys`/`values`
+        (the buffer's) only key the graph."""
         buffer = self._static_buffer
-        buffer.write_slots = slots
+        buffer.write_slots, buffer.window_columns = slots, sliding_columns
         masks = self.layout.as_given({attention_layout.FULL: mask, attention_layout.SLIDING: sliding_mask})
         try:
             out = self.model.model(input_ids=input_ids, position_ids=position_ids, attention_mask=masks,
                                    use_cache=True, output_hidden_states=bool(taps), **{self._cache_kw: self.cache})
         finally:
-            buffer.write_slots = None
+            buffer.write_slots = buffer.window_columns = None
         h = out.last_hidden_state[0]
         if last_row is not None:
             h = h.index_select(0, last_row)

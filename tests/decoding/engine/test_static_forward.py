@@ -303,6 +303,30 @@ def test_eager_passes_on_a_graphed_sliding_target_read_every_kept_key_masked_to_
     assert not graphed.graphs.graphs  # nothing replayed: every pass above was eager
 
 
+@pytest.mark.parametrize("arch", ["gemma3", "mistral"])
+def test_the_static_pass_gives_sliding_layers_the_window_and_full_layers_the_whole_buffer(arch, monkeypatch):
+    """A sliding layer attends to a fixed-width slice (window + the padded block's rows), not to every row of
+    capacity: at a long context that would read far more keys than the window (docs/gpu-bf16.md)."""
+    from decoding.engine.kv_cache import BufferedLayer
+
+    graphed = graphed_target(arch)
+    graphed.prefill(list(range(5, 40)), rows_expected=80)  # 35 tokens, past the 8-token window
+    seen = []
+    real = BufferedLayer.update
+
+    def update(self, *args, **kwargs):
+        keys, _ = real(self, *args, **kwargs)
+        seen.append((self.sliding, keys.shape[-2]))
+        return keys, _
+
+    monkeypatch.setattr(BufferedLayer, "update", update)
+    graphed.forward([7, 8, 9], [0, 1, 2], None)  # 3 rows, padded to 4
+    capacity = graphed._static_buffer.capacity
+    assert capacity > 8 + 4
+    kinds = {"gemma3": {(True, 8 + 4), (False, capacity)}, "mistral": {(True, 8 + 4)}}[arch]
+    assert set(seen) == kinds and len(seen) == len(graphed.cache.layers) * 2  # the capture's run and the replay's
+
+
 def described(a):
     """A tensor by its shape, and a scalar tensor by its value too (where a host number, e.g. the prefix length,
     would hide); the block's inputs are not scalars, and their values rightly change from call to call."""
