@@ -17,8 +17,8 @@ A graph replays fixed shapes and fixed memory, so a static forward differs from 
   hiding the keys the window leaves out (by position, as transformers' sliding mask does). The block's rows are
   written to their slots through a device tensor (`slots`), so one graph serves every prefix length; the layers'
   lengths are set afterwards, on the host;
-- mask: one additive float mask per layer type ([1, 1, rows, capacity]; a sliding layer's [1, 1, rows, window +
-  rows]), built on the device before the replay (a few ops).
+- mask: one additive float mask per layer type ([1, 1, rows, capacity]; a sliding layer's [1, 1, rows,
+  min(capacity, window + rows)]), built on the device before the replay (a few ops).
 The logits come from the base model's last hidden state, the LM head and what the model's forward does around
 them (decoding/engine/readout.py: Granite's and Cohere's logit scales, Gemma 2's soft-cap), for `last_only` on
 the last real row, picked by a device index, so every shape is the bucket's. Outputs are cloned: the next
@@ -103,7 +103,8 @@ def capacity_for(rows: int) -> int:
 class StaticBlock:
     """The device tensors of one static forward, built from a block (tokens and positions on the device,
     `visible` [n, n] bool on the device or None for a causal chain). `window`: the sliding layers' window (None:
-    the model has none), whose mask is the full one with the keys outside the window hidden too."""
+    the model has none); their mask is the full one over `sliding_columns` only, the keys outside the window
+    hidden too."""
 
     def __init__(self, tokens, positions, visible, prefix: int, capacity: int, dtype, columns: torch.Tensor,
                  last_only: bool, window: int | None = None):
@@ -127,7 +128,7 @@ class StaticBlock:
             # a sliding layer reads the window's columns only (`sliding_columns`): its first key's column up to the
             # block's last; a fixed width per bucket, so one graph serves every prefix
             width = min(capacity, window + self.padded)
-            start = min(max(prefix - window, 0), capacity - width)
+            start = max(prefix - window, 0)  # + width <= capacity: the buffer holds prefix + padded rows
             self.sliding_columns = columns[start:start + width]
             key_positions = self.sliding_columns.clone()  # the prefix's keys sit at their positions; past the block:
             key_positions[prefix - start:prefix - start + self.padded] = self.position_ids[0]  # hidden anyway
