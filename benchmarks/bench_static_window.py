@@ -4,6 +4,7 @@ keys than a sliding layer's window. On a CPU the replay is emulated (the same pa
 key reads, run eagerly), so the times are the forwards' arithmetic and memory traffic, not a GPU's launches.
 
     python benchmarks/bench_static_window.py [--model gemma3-270m] [--context 8192] [--rows 1,16] [--repeats 5]
+    python benchmarks/bench_static_window.py --model tiny --device cuda --dtype bfloat16   # real graphs on a GPU
 
 Per block size: ms per forward, eager and static (CPU time of the process on a CPU, wall time on a GPU), their
 ratio, and the largest logit difference. Forwards alternate eager / static, `--repeats` times each, every one
@@ -33,14 +34,15 @@ def main() -> None:
     ap.add_argument("--rows", default="1,16")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--dtype", default="float32", help="model.dtype for a named model")
+    ap.add_argument("--dtype", default="float32", help="the model's dtype (a named model: its model.dtype)")
+    ap.add_argument("--device", default="cpu", help="the tiny model's device (a named model: its config's)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     os.environ.setdefault("SPECDEC_CACHE", tempfile.mkdtemp(prefix="static_window_"))
     if args.model == "tiny":
         from pipeline.zoo import random_target
 
-        model = random_target("tiny", arch="gemma3").model
+        model = random_target("tiny", getattr(torch, args.dtype), args.device, arch="gemma3").model
     else:
         from bench_engine import load  # this folder is on the path when a script here runs
 
