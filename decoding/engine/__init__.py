@@ -1,2 +1,7 @@
 """The engine every method runs on: the decoding loop (`loop`), the target-model wrapper and its
 per-layer attention layout, token trees, acceptance, sampling, metrics and tie diagnosis."""
+
+from pipeline.environment import old_libraries
+
+if old_libraries():  # before a submodule's import fails on a name an older transformers lacks
+    raise ImportError(old_libraries())
