@@ -10,8 +10,12 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from pipeline.cli import USER_ERRORS, exit_on_user_error, precheck_overrides
-from pipeline.schema import register_configs
+from pipeline.environment import exit_on_old_libraries
+
+exit_on_old_libraries()  # one line, before the engine's imports below would fail with a traceback
+
+from pipeline.cli import USER_ERRORS, exit_on_user_error, precheck_overrides  # noqa: E402
+from pipeline.schema import register_configs  # noqa: E402
 
 register_configs()
 

@@ -7,18 +7,12 @@ import re
 import sys
 from contextlib import contextmanager
 
-from pipeline.environment import old_libraries
-
-if old_libraries():  # the CLIs import this first: one line, not the engine's ImportError traceback
-    print(f"error: {old_libraries()}", file=sys.stderr)
-    raise SystemExit(2)
-
-from decoding.engine.attention_layout import UnsupportedArchitecture  # noqa: E402
-from decoding.engine.loop import ContextLimitError  # noqa: E402
-from pipeline.errors import ConfigError, one_line  # noqa: E402
-from pipeline.models import ModelLoadError  # noqa: E402
-from pipeline.tasks import TaskDataError  # noqa: E402
-from pipeline.tasks.sandbox import SandboxUnavailable  # noqa: E402
+from decoding.engine.attention_layout import UnsupportedArchitecture
+from decoding.engine.loop import ContextLimitError
+from pipeline.errors import ConfigError, one_line
+from pipeline.models import ModelLoadError
+from pipeline.tasks import TaskDataError
+from pipeline.tasks.sandbox import SandboxUnavailable
 
 USER_ERRORS = (ConfigError, ModelLoadError, TaskDataError, ContextLimitError, UnsupportedArchitecture,
                SandboxUnavailable)

@@ -23,6 +23,7 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 
 from pipeline import table
+from pipeline.environment import exit_on_old_libraries
 
 COLUMNS = ("model", "task", "temperature", "method", "settings", "dtype", "num_prompts", "speedup", "speedup_std",
            "repeats", "tau", "decoding_efficiency", "quality_metric", "quality", "ar_quality", "ar_prefix_agreement",
@@ -306,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--project", default="specdec", help="W&B project (with --wandb)")
     parser.add_argument("--group", help="W&B group (default: the runs' experiment name)")
     args = parser.parse_args(argv)
+    exit_on_old_libraries()  # before `collect` imports the methods' configs
     try:
         from pipeline import plots
 

@@ -13,8 +13,12 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline.cli import USER_ERRORS, exit_on_user_error, precheck_overrides
-from search.study import TrialFailed, register_configs
+from pipeline.environment import exit_on_old_libraries
+
+exit_on_old_libraries()  # one line, before the engine's imports below would fail with a traceback
+
+from pipeline.cli import USER_ERRORS, exit_on_user_error, precheck_overrides  # noqa: E402
+from search.study import TrialFailed, register_configs  # noqa: E402
 
 register_configs()
 

@@ -3,5 +3,6 @@ per-layer attention layout, token trees, acceptance, sampling, metrics and tie d
 
 from pipeline.environment import old_libraries
 
-if old_libraries():  # before a submodule's import fails on a name an older transformers lacks
-    raise ImportError(old_libraries())
+_OLD = old_libraries()
+if _OLD:  # before a submodule's import fails on a name an older transformers lacks
+    raise ImportError(_OLD)

@@ -8,8 +8,12 @@ import sys
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline.cli import USER_ERRORS, exit_on_user_error, precheck_overrides
-from pipeline.train.config import register_train_configs
+from pipeline.environment import exit_on_old_libraries
+
+exit_on_old_libraries()  # one line, before the engine's imports below would fail with a traceback
+
+from pipeline.cli import USER_ERRORS, exit_on_user_error, precheck_overrides  # noqa: E402
+from pipeline.train.config import register_train_configs  # noqa: E402
 
 register_train_configs()
 
