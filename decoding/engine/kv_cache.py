@@ -27,9 +27,9 @@ DynamicLayer's concatenation holds the cache plus one layer).
 Static writes (the CUDA-graph forward of decoding/engine/static_forward.py): while `KVBuffer.write_slots` is
 set, a layer's update writes the block's rows into those slots (a device tensor, so a graph can replay it at
 any prefix) and returns its whole slot, every row of capacity (a sliding layer: its window's and the block's
-columns, `window_columns`), and the mask hides the rows past the block. Its length is then set by the caller, outside
-the graph. Such a buffer is zero-filled (`zeroed`): a hidden row is
-multiplied by a zero weight, and uninitialised memory may hold NaN, which a zero weight does not cancel.
+columns, `window_columns`), and the mask hides the rows past the block. Its length is then set by the caller,
+outside the graph. Such a buffer is zero-filled (`zeroed`): a hidden row is multiplied by a zero weight, and
+uninitialised memory may hold NaN, which a zero weight does not cancel.
 """
 
 from __future__ import annotations

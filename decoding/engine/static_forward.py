@@ -130,8 +130,9 @@ class StaticBlock:
             width = min(capacity, window + self.padded)
             start = max(prefix - window, 0)  # + width <= capacity: the buffer holds prefix + padded rows
             self.sliding_columns = columns[start:start + width]
-            key_positions = self.sliding_columns.clone()  # the prefix's keys sit at their positions; past the block:
-            key_positions[prefix - start:prefix - start + self.padded] = self.position_ids[0]  # hidden anyway
+            # the prefix's keys sit at their positions, the block's at its rows' (past the block: hidden anyway)
+            key_positions = self.sliding_columns.clone()
+            key_positions[prefix - start:prefix - start + self.padded] = self.position_ids[0]
             outside = outside_window(key_positions, self.position_ids[0], window)  # never a row's own key
             self.sliding_mask = mask[:, start:start + width].masked_fill(outside, blocked)[None, None]
         self.slots = columns[prefix:prefix + self.padded]  # the block rows' cache slots
