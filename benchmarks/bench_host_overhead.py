@@ -68,9 +68,11 @@ def main() -> None:
     check_method_names(ap, args.methods, args.compiled)
     torch.set_num_threads(args.threads)
     folder = tempfile.mkdtemp(prefix="host_overhead_")
-    os.environ.setdefault("SPECDEC_CACHE", folder)  # the CaDDTree cost profile of the random model
     drafters = {}
     if args.model == "tiny":
+        # the random model's CaDDTree cost profile is its own; a real model's cache is the pipeline's (its weights
+        # materialised once, its cost profile the one `python -m pipeline` would use)
+        os.environ.setdefault("SPECDEC_CACHE", folder)
         target = random_target("tiny", dtype=torch.float32, device=args.device, num_layers=args.layers)
         prompts = mixed_prompts(args.prompts, 500)
         print(f"tiny random Qwen3 ({args.layers} layers, hidden 64, vocab 512), fp32, {args.device}, "

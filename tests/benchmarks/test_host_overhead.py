@@ -69,11 +69,12 @@ def test_a_real_model_run_gives_each_method_the_models_own_drafter():
 
 
 @pytest.mark.slow
-def test_host_overhead_on_the_offline_model_with_its_shipped_drafters(tmp_path):
+def test_host_overhead_on_the_offline_model_with_its_shipped_drafters():
     proc = subprocess.run([sys.executable, "benchmarks/bench_host_overhead.py", "--model", "smollm2-135m",
                            "--methods", "ar,dominotree", "--prompts", "1", "--max-new-tokens", "16", "--temperatures", "0",
-                           "--compiled", ""], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "SPECDEC_CACHE": str(tmp_path)})
+                           "--compiled", ""], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=900)
+    # the default cache (the benchmark isolates the tiny model's alone): the offline model materialised once for
+    # every test that loads it (27 s each time otherwise); DominoTree's fixed budget profiles no costs to leave there
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = proc.stdout.strip().splitlines()
     assert lines[0].startswith("smollm2-135m (30 layers") and "['dflash', 'domino', 'eagle3']" in lines[0]

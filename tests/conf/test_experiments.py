@@ -137,7 +137,7 @@ def test_smoke_experiment_runs_one_cell_of_every_method(smoke, tmp_path):
     sweep = tmp_path / "sweep"
     cmd = [sys.executable, "-m", "pipeline", f"+experiment={smoke}", f"method={','.join(methods)}",  # the command line wins over the grid
            "task=humaneval", "temperature=0.0", "task.limit=1", "max_new_tokens=16", "tracker=none",
-           f"outputs_root={tmp_path / 'outputs'}", f"hydra.sweep.dir={sweep}"]
+           "warmup=0", f"outputs_root={tmp_path / 'outputs'}", f"hydra.sweep.dir={sweep}"]
     proc = subprocess.run(cmd, cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=1800,
                           env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
