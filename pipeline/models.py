@@ -9,6 +9,7 @@ cache dir, so only the first load pays for the download and dequantisation.
 from __future__ import annotations
 
 import functools
+import gc
 import hashlib
 import json
 import os
@@ -179,11 +180,13 @@ def target_model(model, tokenizer, cfg: ModelConfig):
 
 
 def load_model(cfg: ModelConfig):
-    """Returns (model, tokenizer), model in eval mode."""
+    """Returns (model, tokenizer), model in eval mode. Frees first what earlier jobs of this process left
+    in reference cycles (`release_unreachable`)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # our own progress bar is the one that matters
+    release_unreachable()
 
     location = resolve_model_dir(cfg)
     dtype = resolve_dtype(cfg.dtype, cfg.device_map)
@@ -203,6 +206,18 @@ def load_model(cfg: ModelConfig):
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ModelLoadError(f"model '{cfg.name}' ({location}) could not be loaded: {first}") from err
     return text_causal_lm(model.eval(), cfg.name), tokenizer
+
+
+def release_unreachable() -> None:
+    """Collects the reference cycles that earlier jobs of this process left, and returns the GPU memory they
+    held to the driver. Hydra's basic launcher runs a sweep's jobs one after another in one process, and a
+    finished job's target can stay reachable only through cycles: a target with CUDA graphs is always one (its
+    graphs hold its bound forward), and a plain one often. Python's automatic collection runs on counts of
+    Python allocations, not on GPU memory, so without this the next job could load its model while the last
+    one's weights, KV buffer and graph pools were still held: two models on the GPU at once."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def image_text_model(location, kwargs: dict, name: str):

@@ -32,8 +32,9 @@ the readout of decoding/engine/readout.py (checked on one short forward, as for 
 device, without dynamic RoPE (it compares positions on the host), with the shared KV buffer, the full model
 (not a layer subset): `check_static` says why not otherwise. Before 2026-12-07 only LLaMA, Mistral, Qwen2
 and Qwen3 without a sliding window were replayed. A stack that reads a device value on the host fails at its
-capture with one error line (cuda_graph.py); the one such read known, transformers' eager MoE experts loop
-(`nonzero` on the routing), is refused up front. benchmarks/arch_probe.py --static runs every probed family's
+capture with one error line (cuda_graph.py); the two such reads known are refused up front: transformers' eager
+MoE experts loop (`nonzero` on the routing) and LongRoPE in transformers 5.15-5.20 (an `if` on the positions;
+Phi-3-128k, Phi-3.5, Phi-4-mini), found by running the rotary embedding once (`rope_reads_host`). benchmarks/arch_probe.py --static runs every probed family's
 static pass on the meta device, where such a read fails, to say which do.
 
 Unverified on a GPU (this module was written on a machine without one, 2026-12-05): the CPU tests replay the
@@ -48,6 +49,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from decoding.engine.attention_layout import UnsupportedArchitecture, outside_window
 from decoding.engine.readout import Readout
@@ -68,6 +70,9 @@ def check_static(model, devices: set, kv_buffer: bool) -> str | None:
         return f"the static pass calls a decoder stack (`model`) and an `lm_head`, which {type(model).__name__} lacks"
     if "dynamic" in rope_types(model):
         return "its dynamic RoPE compares positions on the host"
+    if "longrope" in rope_types(model) and rope_reads_host(model):
+        return ("its LongRoPE picks the long or short factors on the host (an `if` on the positions, as in "
+                "transformers 5.15-5.20); transformers 5.21 or newer picks them on the device")
     if getattr(config, "_experts_implementation", None) == "eager" and type(model)._can_set_experts_implementation():
         return ("its MoE experts run transformers' eager loop, which finds the routed experts on the host (nonzero); "
                 "load it with experts_implementation='grouped_mm' or 'batched_mm'")
@@ -93,6 +98,35 @@ def rope_types(model) -> set:
                       else [given]):
             found.add(value.get("rope_type", value.get("type")) if isinstance(value, dict) else value)
     return found - {None}
+
+
+class _HostReads(TorchDispatchMode):
+    """Counts the device values read on the host (`.item()`, a tensor in an `if`: aten._local_scalar_dense)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += func is torch.ops.aten._local_scalar_dense.default
+        return func(*args, **(kwargs or {}))
+
+
+def rope_reads_host(model) -> bool:
+    """Whether the model's rotary embedding reads a position on the host, which a CUDA graph cannot hold: run once
+    on two positions (transformers' LongRoPE did up to 5.20, whatever the positions). False where it cannot be
+    called so; the capture then says."""
+    rotary = getattr(model.model, "rotary_emb", None)
+    if rotary is None:
+        return False
+    weight = model.get_input_embeddings().weight
+    positions = torch.arange(2, device=weight.device)[None]
+    try:
+        with torch.no_grad(), _HostReads() as reads:
+            rotary(weight[:2][None], positions)
+    except TypeError:  # another signature
+        return False
+    return reads.count > 0
 
 
 def capacity_for(rows: int) -> int:

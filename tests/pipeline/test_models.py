@@ -1,5 +1,5 @@
 """pipeline/models.py: image-text checkpoints (Gemma 3 4B-27B, Mistral 3, LLaVA) run as their text part's causal LM,
-sharing the checkpoint's weights; what has no such text model is one line."""
+sharing the checkpoint's weights; what has no such text model is one line; a load frees what a finished job left."""
 
 import pytest
 import torch
@@ -101,3 +101,30 @@ def test_an_image_text_checkpoint_whose_text_part_has_no_causal_lm_class_is_one_
     with pytest.raises(ModelLoadError, match=r"^model 'qwen2_5_vl': its text part \(qwen2_5_vl_text\) has no "
                                              r"causal-LM class in transformers, so the engine cannot run it alone$"):
         load_model(saved("qwen2_5_vl"))
+
+
+def test_loading_a_model_first_frees_a_finished_jobs_graphed_target(tiny_model_dirs):
+    """Hydra's basic launcher runs a sweep's jobs one after another in one process. A target with CUDA graphs is a
+    reference cycle (its graphs hold its bound forward), which Python's automatic collection frees only when its
+    own allocation counts say so: the next job's load must free it first, or two models share the GPU."""
+    import gc
+    import weakref
+
+    from decoding.engine.cuda_graph import GraphReplayer
+
+    config = ModelConfig(name="tiny-llama", path=str(tiny_model_dirs["llama"]), dtype="float32")
+    model, tokenizer = load_model(config)
+    graphed = TargetModel(model, tokenizer, graphs=GraphReplayer(True, "model.cuda_graph", emulate=True))
+    generate(AR(), graphed, tokenizer("hello there").input_ids, max_new_tokens=4)
+    assert graphed.graphs.captures >= 1
+    finished = weakref.ref(graphed)
+    collecting = gc.isenabled()
+    gc.disable()  # the worst case: no automatic collection between the jobs
+    try:
+        del graphed, model
+        assert finished() is not None  # a cycle: dropping the job's names does not free it
+        load_model(config)  # the next job
+        assert finished() is None
+    finally:
+        if collecting:
+            gc.enable()

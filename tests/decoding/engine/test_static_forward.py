@@ -9,6 +9,8 @@ import functools
 import numpy as np
 import pytest
 import torch
+import transformers
+from packaging.version import Version
 
 from decoding.engine import static_forward
 from decoding.engine.cuda_graph import GraphReplayer
@@ -16,7 +18,7 @@ from decoding.engine.loop import generate
 from decoding.engine.target import TargetModel
 from decoding.methods.ar import AR
 from pipeline.errors import ConfigError
-from pipeline.zoo import LOSSLESS, build_method, mixed_prompts, random_target, static_passes_on_meta
+from pipeline.zoo import LOSSLESS, build_method, mixed_prompts, random_config, random_target, static_passes_on_meta
 
 NEW_TOKENS = 24
 CLOSE = dict(atol=1e-4, rtol=1e-4)  # fp32: the static forward sums over more (masked) keys, in another order
@@ -243,6 +245,43 @@ def test_a_separate_drafter_model_gets_graphs_of_its_own_or_runs_eagerly(tmp_pat
     method.setup(graphed)
     assert [generate(method, graphed, p, max_new_tokens=NEW_TOKENS).new_tokens for p in prompts()] == ar_tokens()
     assert method.drafter.lm.graphs.captures >= 1 and graphed.graphs.captures >= 1
+
+
+def longrope_target() -> TargetModel:
+    """A tiny Phi-3 with LongRoPE (Phi-3-128k, Phi-3.5, Phi-4-mini): long factors past 64 positions."""
+    from transformers import AutoModelForCausalLM
+
+    config = random_config("tiny", "phi3", 0.2, None)
+    half = config.hidden_size // config.num_attention_heads // 2
+    config.rope_parameters = {"rope_type": "longrope", "rope_theta": 10000.0, "long_factor": [4.0] * half,
+                              "short_factor": [1.0] * half, "original_max_position_embeddings": 64}
+    config.original_max_position_embeddings = 64
+    torch.manual_seed(0)
+    return TargetModel(AutoModelForCausalLM.from_config(config).eval())
+
+
+def test_longrope_replays_where_it_picks_its_factors_on_the_device_and_is_refused_where_it_reads_positions(
+        monkeypatch):
+    eager = longrope_target()
+    prompt = mixed_prompts(1, eager.config.vocab_size)[0][:56]
+    if Version(transformers.__version__) >= Version("5.21"):  # LongRoPE's factors chosen with torch.where
+        assert not static_forward.rope_reads_host(eager.model)
+        graphed = TargetModel(eager.model, graphs=emulated())
+        ar = generate(AR(), eager, prompt, max_new_tokens=16).new_tokens  # past the 64 positions: long factors
+        assert generate(AR(), graphed, prompt, max_new_tokens=16).new_tokens == ar
+        assert graphed.graphs.captures >= 1
+    rotary = eager.model.model.rotary_emb
+    forward = rotary.forward
+
+    def positions_read_on_the_host(x, position_ids, **kwargs):  # transformers 5.15-5.20's LongRoPE: an `if`
+        if torch.max(position_ids) + 1 > 64:
+            pass
+        return forward(x, position_ids, **kwargs)
+
+    monkeypatch.setattr(rotary, "forward", positions_read_on_the_host)
+    with pytest.raises(ConfigError, match="LongRoPE picks the long or short factors on the host"):
+        TargetModel(eager.model, graphs=emulated())
+    assert TargetModel(eager.model).graphs is None  # no CUDA graphs asked for: nothing to refuse
 
 
 def test_a_target_the_static_forward_cannot_hold_is_one_config_error():
