@@ -88,6 +88,8 @@ class TargetModel:
         layer_params = inspect.signature(decoder[0].forward).parameters if decoder else {}
         # where each of this wrapper's layers keeps its weights (a device_map spreads them): one KV buffer per device
         self._layer_devices = {i: next(decoder[i].parameters()).device for i in self.layers} if decoder else {}
+        if exit_head is not None and self._layer_devices:  # it reads the last layer's output, on that layer's device
+            self.exit_head = exit_head.to(self._layer_devices[self.layers[-1]])
         self._layer_cache_kw = cache_argument(layer_params, fallback=self._cache_kw)
         self.layout = AttentionLayout.of(self.config)  # the decoder layers' attention types and windows
         self._full_layers = {i for i, t in enumerate(self.layout.types) if t == attention_layout.FULL}

@@ -101,6 +101,13 @@ class TrainConfig:
     tracker: TrackerConfig = field(default_factory=TrackerConfig)
     threads: Optional[int] = None
 
+    def __post_init__(self) -> None:
+        # the trainers build the drafter, the target's features and the optimizer state on the CPU: a target on
+        # GPUs would meet them there with a device-mismatch traceback after loading
+        if self.model.device_map:
+            raise ConfigError(f"model.device_map={self.model.device_map}: pipeline.train runs on the CPU (the drafter, "
+                              "the target's features and the optimizer live there); leave model.device_map unset")
+
 
 def register_train_configs() -> None:
     cs = ConfigStore.instance()

@@ -253,6 +253,16 @@ def test_bad_train_config_names_the_field():
     assert any(isinstance(e, ConfigError) and "drafter.kind='foo' is not allowed" in str(e) for e in chain(err.value))
 
 
+def test_a_target_on_gpus_is_refused_in_one_line_before_anything_loads():
+    """The trainers keep the drafter, the target's features and the optimizer on the CPU."""
+    from pipeline.cli import chain
+
+    with pytest.raises(Exception) as err:
+        compose_train(["drafter=dflash", "model.device_map=auto"])
+    assert any(isinstance(e, ConfigError) and str(e).startswith("model.device_map=auto: pipeline.train runs on the CPU")
+               for e in chain(err.value))
+
+
 def test_exit_head_training_lowers_val_kl_and_loads_as_a_drafter(tiny_model_dirs, tmp_path):
     from transformers import AutoModelForCausalLM
 

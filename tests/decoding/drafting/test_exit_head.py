@@ -36,6 +36,19 @@ def test_head_translates_layer_k_before_the_final_norm_with_its_own_cache(tiny_t
     assert torch.allclose(got, expected[4:], atol=1e-4)
 
 
+def test_under_a_device_map_the_head_sits_on_the_device_of_the_layer_it_follows():
+    """device_map=auto spreads the layers over GPUs; the head reads the exit layer's output, which stays on that
+    layer's device (a layer's hook does not bring it back), so the head must live there, not with the embedding."""
+    from pipeline.zoo import random_target
+
+    model = random_target("tiny", arch="llama", seed=3).model
+    model.model.layers[1].to("meta")  # a second device: the meta device stands in for another GPU
+    size = model.config.hidden_size
+    assert next(TargetModel(model, layers=range(2), exit_head=ExitTranslator(size)).exit_head.parameters()).is_meta
+    assert next(TargetModel(model, layers=range(1), exit_head=ExitTranslator(size)).exit_head.parameters()).device \
+        == torch.device("cpu")
+
+
 def test_checkpoint_round_trip_and_errors(tmp_path, random_exit_head):
     head = random_exit_head(8)
     save_exit_head(head, tmp_path / "h", exit_layer=3)

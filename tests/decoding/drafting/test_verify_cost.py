@@ -25,3 +25,16 @@ def test_a_target_alone_has_a_key_without_a_drafter(tiny_llama):
 
     alone, with_drafter = machine_key(tiny_llama), machine_key(tiny_llama, "drafters/x/dflash")
     assert "dflash" not in alone and with_drafter.replace("-dflash", "") == alone
+
+
+def test_a_cost_curve_is_not_reused_across_a_different_split_over_devices():
+    """A target spread over two GPUs pays a hop between them per forward: its curve is not the one-GPU curve."""
+    from decoding.drafting.verify_cost import machine_key
+    from decoding.engine.target import TargetModel
+    from pipeline.zoo import random_target
+
+    model = random_target("tiny", arch="llama", seed=3).model
+    whole = machine_key(TargetModel(model))
+    model.model.layers[1].to("meta")  # the meta device stands in for a second GPU
+    split = machine_key(TargetModel(model))
+    assert split != whole and split.replace("-cpu-x2-", "-cpu-") == whole
