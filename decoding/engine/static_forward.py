@@ -34,8 +34,9 @@ device, without dynamic RoPE (it compares positions on the host), with the share
 and Qwen3 without a sliding window were replayed. A stack that reads a device value on the host fails at its
 capture with one error line (cuda_graph.py); the two such reads known are refused up front: transformers' eager
 MoE experts loop (`nonzero` on the routing) and LongRoPE in transformers 5.15-5.20 (an `if` on the positions;
-Phi-3-128k, Phi-3.5, Phi-4-mini), found by running the rotary embedding once (`rope_reads_host`). benchmarks/arch_probe.py --static runs every probed family's
-static pass on the meta device, where such a read fails, to say which do.
+Phi-3-128k, Phi-3.5, Phi-4-mini), found by running the rotary embedding once (`rope_reads_host`).
+benchmarks/arch_probe.py --static runs every probed family's static pass on the meta device, where such a read
+fails, to say which do.
 
 Unverified on a GPU (this module was written on a machine without one, 2026-12-05): the CPU tests replay the
 graphs by emulation (the same static shapes, padding, slots and masks, run eagerly) and compare with the eager
