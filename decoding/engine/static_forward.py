@@ -71,14 +71,14 @@ def check_static(model, devices: set, kv_buffer: bool) -> str | None:
         return f"the static pass calls a decoder stack (`model`) and an `lm_head`, which {type(model).__name__} lacks"
     if "dynamic" in rope_types(model):
         return "its dynamic RoPE compares positions on the host"
+    if len(devices) > 1:  # before anything below runs the model
+        return "its layers, embedding and LM head are spread over several devices (device_map)"
     if "longrope" in rope_types(model) and rope_reads_host(model):
         return ("its LongRoPE picks the long or short factors on the host (an `if` on the positions, as in "
                 "transformers 5.15-5.20); transformers 5.21 or newer picks them on the device")
     if getattr(config, "_experts_implementation", None) == "eager" and type(model)._can_set_experts_implementation():
         return ("its MoE experts run transformers' eager loop, which finds the routed experts on the host (nonzero); "
                 "load it with experts_implementation='grouped_mm' or 'batched_mm'")
-    if len(devices) > 1:
-        return "its layers, embedding and LM head are spread over several devices (device_map)"
     if not kv_buffer:
         return "it runs without the shared KV buffer (kv_buffer=False)"
     try:  # the static pass computes the logits as the layer-subset path does: the same check (one short forward)
@@ -115,18 +115,19 @@ class _HostReads(TorchDispatchMode):
 
 def rope_reads_host(model) -> bool:
     """Whether the model's rotary embedding reads a position on the host, which a CUDA graph cannot hold: run once
-    on two positions (transformers' LongRoPE did up to 5.20, whatever the positions). False where it cannot be
-    called so; the capture then says."""
+    on two positions (transformers' LongRoPE did up to 5.20, whatever the positions). A call that fails before any
+    read (another signature) is no read: the capture then says."""
     rotary = getattr(model.model, "rotary_emb", None)
     if rotary is None:
         return False
     weight = model.get_input_embeddings().weight
     positions = torch.arange(2, device=weight.device)[None]
+    reads = _HostReads()
     try:
-        with torch.no_grad(), _HostReads() as reads:
+        with torch.no_grad(), reads:
             rotary(weight[:2][None], positions)
-    except TypeError:  # another signature
-        return False
+    except Exception:  # another signature, or a read that fails where it happens (the meta device): counted first
+        pass
     return reads.count > 0
 
 

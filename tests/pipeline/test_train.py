@@ -254,9 +254,11 @@ def test_bad_train_config_names_the_field():
 
 
 def test_a_target_on_gpus_is_refused_in_one_line_before_anything_loads():
-    """The trainers keep the drafter, the target's features and the optimizer on the CPU."""
+    """The trainers keep the drafter, the target's features and the optimizer on the CPU: a model config's decoding
+    `device_map: auto` is dropped, and one asked for on the command line is refused."""
     from pipeline.cli import chain
 
+    assert compose_train(["drafter=dflash", "model=qwen3-0.6b"]).model.device_map is None  # its decoding `auto` dropped
     with pytest.raises(Exception) as err:
         compose_train(["drafter=dflash", "model.device_map=auto"])
     assert any(isinstance(e, ConfigError) and str(e).startswith("model.device_map=auto: pipeline.train runs on the CPU")
