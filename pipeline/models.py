@@ -212,7 +212,7 @@ def release_unreachable() -> None:
     """Collects the reference cycles that earlier jobs of this process left, and returns the GPU memory they
     held to the driver. Hydra's basic launcher runs a sweep's jobs one after another in one process, and a
     finished job's target can stay reachable only through cycles: a target with CUDA graphs is always one (its
-    graphs hold its bound forward), and a plain one often. Python's automatic collection runs on counts of
+    graphs hold its bound forward), and a plain one sometimes. Python's automatic collection runs on counts of
     Python allocations, not on GPU memory, so without this the next job could load its model while the last
     one's weights, KV buffer and graph pools were still held: two models on the GPU at once."""
     gc.collect()
