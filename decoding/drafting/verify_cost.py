@@ -220,13 +220,12 @@ def cached_cost_model(key: str, build) -> VerifyCostModel:
 
 def machine_key(target, drafter_location: str | None = None) -> str:
     """What a measured cost curve depends on: model, drafter (None: a curve of the target alone), device (and
-    how many a device_map spreads the layers over: each boundary adds a hop per forward), threads, dtype,
+    how many a device_map spreads the weights over: each boundary adds a hop per forward), threads, dtype,
     attention kernel and whether the forwards replay CUDA graphs (a graphed curve lacks the launches that
     flatten an eager one)."""
     device = torch.device(target.device)
     device = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    spread = len(set(getattr(target, "_layer_devices", {}).values()))
-    device += f"-x{spread}" if spread > 1 else ""
+    device += f"-x{len(target.devices)}" if len(target.devices) > 1 else ""
     name = Path(str(getattr(target.config, "_name_or_path", "model"))).name
     params = sum(p.numel() for p in target.model.parameters())
     attn = getattr(target.config, "_attn_implementation", None) or "default"

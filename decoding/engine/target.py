@@ -90,6 +90,11 @@ class TargetModel:
         self._layer_devices = {i: next(decoder[i].parameters()).device for i in self.layers} if decoder else {}
         if exit_head is not None and self._layer_devices:  # it reads the last layer's output, on that layer's device
             self.exit_head = exit_head.to(self._layer_devices[self.layers[-1]])
+        # every device its weights sit on: the layers', and the embedding's and LM head's, which a device_map may put
+        # elsewhere (CUDA graphs need one; a cost curve measured on one is not a split target's)
+        ends = [w.device for m in (model.get_input_embeddings(), model.get_output_embeddings())
+                if (w := getattr(m, "weight", None)) is not None]
+        self.devices = frozenset({*self._layer_devices.values(), *ends})
         self._layer_cache_kw = cache_argument(layer_params, fallback=self._cache_kw)
         self.layout = AttentionLayout.of(self.config)  # the decoder layers' attention types and windows
         self._full_layers = {i for i, t in enumerate(self.layout.types) if t == attention_layout.FULL}
@@ -116,10 +121,7 @@ class TargetModel:
         self._columns: torch.Tensor | None = None  # arange(capacity) on the device: slots and row picks
         self._graphed_generation: int | None = None  # the buffer allocation the graphs read
         if self.graphs is not None:
-            # the embedding and the LM head too: a device_map may put either on another device than the layers
-            ends = [w.device for m in (model.get_input_embeddings(), model.get_output_embeddings())
-                    if (w := getattr(m, "weight", None)) is not None]
-            why = static_forward.check_static(model, {*self._layer_devices.values(), *ends}, kv_buffer)
+            why = static_forward.check_static(model, set(self.devices), kv_buffer)
             if why:
                 raise ConfigError(f"{graphs.what}=true: {self.config.model_type} cannot be replayed from CUDA graphs: "
                                   f"{why}; set {graphs.what}=false")
