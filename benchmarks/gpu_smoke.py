@@ -5,13 +5,15 @@ On one GPU (default shape: Qwen3-1.7B's, random weights; a few minutes):
    τ, host ms per step (wall minus network forwards), and at T=0 the tie diagnosis of every
    mismatch with AR (decoding/engine/ties.py): a lossless method may leave AR only at near-ties;
    then Domino with method.compile=true (`--compiled`; the torch.compile'd chain, Triton on a GPU), and
-   Domino and DominoTree with method.cuda_graph=false (`--eager`: their drafting without CUDA graphs); then
+   Domino, DominoTree and EAGLE-3 with method.cuda_graph=false (`--eager`: their drafting without CUDA graphs); then
    methods on the same weights with model.cuda_graph=true (`--graphed`: the target's block forwards replayed
    from CUDA graphs, decoding/engine/static_forward.py; emulated off CUDA), rows "<method> graphed";
 2. DominoTree's fast builder (depth by depth; on CUDA the whole tree is one CUDA-graph replay) against the
    reference builder on the drafts of a real run: equal trees, and each builder's ms per tree; then the
    Domino chain replayed from its CUDA graphs against the eager chain on the rounds of a real run at T=0
-   and T=1: the same picks, and each path's ms per chain (off CUDA the replay is emulated);
+   and T=1: the same picks, and each path's ms per chain (off CUDA the replay is emulated); then EAGLE-3's
+   dynamic tree from its CUDA graph against the eager tree on the same prompts at T=0: the same trees, and
+   each path's ms per proposal;
 3. the forward-cost curve: ms of one forward of n rows (n = 1 .. 1024) on a 512-token cache, eager and replayed
    from the target's CUDA graphs (`cost_curve_graphed`; emulated off CUDA);
 4. every method again on a tiny random Gemma 3 (sliding and full layers, an 8-token window the prompts
@@ -275,6 +277,59 @@ def compare_chains(target, folder, shape, prompt_ids, max_new_tokens) -> dict:
             "eager_ms_per_chain": ms["eager"], "graph_ms_per_chain": ms["graph"]}
 
 
+def compare_eagle3_trees(target, folder, shape, prompt_ids, max_new_tokens) -> dict:
+    """EAGLE-3 at T = 0 with its dynamic tree replayed from a CUDA graph (method.cuda_graph, the default on a
+    GPU; emulated off CUDA) and eagerly, on the same prompts: every round's tree compared while the two runs
+    are in step (a tree that differs can accept another number of tokens, so the rounds after it are not
+    compared), and each path's ms per proposal (the drafter's cache update and the tree; a round that captured
+    is not timed)."""
+    from decoding.engine import cuda_graph
+    from decoding.engine.loop import generate
+
+    runs = {}
+    for kind in ("graph", "eager"):
+        real = cuda_graph.graphs_for
+        if kind == "graph" and torch.device(target.device).type != "cuda":  # as a GPU's setup asks
+            cuda_graph.graphs_for = lambda device, enabled, what: GraphReplayer(enabled, what, emulate=True)
+        try:
+            method = build_method("eagle3", target, folder, shape, cuda_graph=kind == "graph")
+        finally:
+            cuda_graph.graphs_for = real
+        trees, times, propose = [], [], method.propose
+
+        def timed(state, propose=propose, trees=trees, times=times, graphs=method.graphs):
+            captures = graphs.captures
+            synchronize(target.device)
+            t0 = time.perf_counter()
+            proposal = propose(state)
+            synchronize(target.device)
+            if graphs.captures == captures:
+                times.append(time.perf_counter() - t0)
+            trees.append((proposal.tree.tokens, proposal.tree.parents))
+            return proposal
+
+        method.propose = timed
+        for p in prompt_ids:
+            trees.append(None)  # a prompt's first round
+            generate(method, target, p, max_new_tokens=max_new_tokens)
+        runs[kind] = (trees, times, method.graphs)
+    (graph_trees, graph_times, graphs), (eager_trees, eager_times, _) = runs["graph"], runs["eager"]
+    compared = differing = 0
+    prompt_in_step = True
+    for got, want in zip(graph_trees, eager_trees):
+        if got is None or want is None:  # a new prompt: both runs start in step again
+            prompt_in_step = got is None and want is None
+            continue
+        if prompt_in_step:
+            compared += 1
+            if got != want:
+                differing += 1
+                prompt_in_step = False
+    ms = {k: round(1000 * sum(v) / max(1, len(v)), 3) for k, v in (("graph", graph_times), ("eager", eager_times))}
+    return {"rounds_compared": compared, "differing_rounds": differing, "cuda_graph": graph_state(graphs),
+            "captures": graphs.captures, "graph_ms_per_proposal": ms["graph"], "eager_ms_per_proposal": ms["eager"]}
+
+
 def replay_round(args, eager, graphed, graphs: GraphReplayer, times: dict, device) -> tuple[bool, bool]:
     """One recorded round through the eager chain and the graph: (picks differ, and only at a near-tie)."""
     out, captures = {}, graphs.captures
@@ -383,6 +438,15 @@ def print_chains(c: dict) -> None:
           f"eager {c['eager_ms_per_chain']} ms/chain, graph {c['graph_ms_per_chain']} ms/chain", flush=True)
 
 
+def print_eagle3(e: dict) -> None:
+    if "error" in e:
+        print(f"EAGLE-3 tree, graph vs eager: FAILED: {e['error']}", flush=True)
+        return
+    print(f"EAGLE-3 tree, graph vs eager: {e['rounds_compared']} rounds compared, {e['differing_rounds']} differ, "
+          f"CUDA graph: {e['cuda_graph']} ({e['captures']} captures), eager {e['eager_ms_per_proposal']} ms/proposal, "
+          f"graph {e['graph_ms_per_proposal']} ms/proposal", flush=True)
+
+
 def print_curve(curve) -> None:
     if isinstance(curve, dict):
         print(f"forward cost: FAILED: {curve['error']}", flush=True)
@@ -409,8 +473,8 @@ def main() -> int:
     ap.add_argument("--compiled", default=None,
                     help="methods also run with method.compile=true (default domino; tiny: none, it compiles for ~1 min)")
     ap.add_argument("--eager", default=None,
-                    help="methods also run with method.cuda_graph=false (default domino,dominotree; tiny: none, a CPU "
-                         "has no graphs)")
+                    help="methods also run with method.cuda_graph=false (default domino,dominotree,eagle3; tiny: none, "
+                         "a CPU has no graphs)")
     ap.add_argument("--graphed", default=None,
                     help="methods also run with model.cuda_graph=true (default ar,dflash,ddtree,dominotree,eagle3,sd; "
                          "tiny: none)")
@@ -458,7 +522,7 @@ def main() -> int:
     prompt_ids = mixed_prompts(n_prompts, target.config.vocab_size - 1)
     names = [m for m in args.methods.split(",") if m]
     compiled = variant_methods(args.compiled, args.tiny, "domino")
-    eager = variant_methods(args.eager, args.tiny, "domino,dominotree")
+    eager = variant_methods(args.eager, args.tiny, "domino,dominotree,eagle3")
     graphed = variant_methods(args.graphed, args.tiny, "ar,dflash,ddtree,dominotree,eagle3,sd")
     names = with_ar_first(names)
 
@@ -474,6 +538,7 @@ def main() -> int:
     report["sections_run"] = sorted(sections)
     not_run = {"skipped": "--sections"}
     report["builders"], report["chains"], report["cost_curve"], report["hybrid"] = not_run, not_run, not_run, []
+    report["eagle3_trees"] = not_run
     report["cost_curve_graphed"] = not_run
     if "methods" in sections:  # host_overhead warms each method up (untimed) before its timed runs
         deadline = None if args.methods_budget_s is None else time.perf_counter() + args.methods_budget_s
@@ -485,6 +550,9 @@ def main() -> int:
         save()
         report["chains"] = section(compare_chains, target, folder, shape, prompt_ids[:2], max_new)
         print_chains(report["chains"])
+        save()
+        report["eagle3_trees"] = section(compare_eagle3_trees, target, folder, shape, prompt_ids[:2], max_new)
+        print_eagle3(report["eagle3_trees"])
         save()
     if "curve" in sections:
         sizes = [n for n in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024) if n <= args.max_rows]
@@ -527,6 +595,14 @@ def main() -> int:
         problems.append(f"the Domino chain drafted differently from its CUDA graph in "
                         f"{chains['differing_rounds'] - chains['near_tie_rounds']} round(s) beyond a near-tie")
     problems += graph_problems("the Domino chain", chains, expected_captures=2)  # T = 0 and T > 0
+    trees = report["eagle3_trees"]
+    if "error" in trees:
+        problems.append(f"the EAGLE-3 tree's graph-vs-eager comparison crashed ({trees['error']})")
+    elif trees.get("differing_rounds"):  # the same kernels on the same inputs: no tie to allow for
+        problems.append(f"EAGLE-3's tree from its CUDA graph differed from the eager tree in "
+                        f"{trees['differing_rounds']} prompt(s)")
+    if trees.get("cuda_graph") == "not used":
+        problems.append("EAGLE-3's tree never replayed its CUDA graph")
     if isinstance(report["syncs"], dict) and "error" in report["syncs"]:
         problems.append(f"the sync count crashed ({report['syncs']['error']})")
     elif isinstance(report["syncs"], list):

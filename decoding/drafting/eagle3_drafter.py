@@ -154,16 +154,26 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(width, self.kv_heads * d, bias=False)
         self.o_proj = nn.Linear(self.heads * d, spec.hidden_size, bias=False)
 
-    def forward(self, x, cos, sin, past_k, past_v, mask):
-        """x [n, 2H]; past K/V [kv_heads, m, d]; mask [n, m + n] bool or None (all visible).
-        Returns the attention output [n, H] and the K/V of the past rows followed by this block's."""
+    def forward(self, x, cos, sin, past_k, past_v, mask, write_at: int | None = None):
+        """x [n, 2H]; mask [n, m + n] bool or None (all visible). `write_at` None: past K/V [kv_heads, m, d],
+        and the K/V returned are the past rows followed by this block's (a new tensor: training's autograd,
+        the chains' scratch rows). `write_at` m: past K/V are buffers (`Eagle3Cache`) whose first m rows are
+        the past; this block's K/V are written at rows [m, m + n) in place, attention reads rows [0, m + n),
+        and the buffers are returned. Returns the attention output [n, H] and the K/V."""
         n = len(x)
         q = rotate(self.q_proj(x).view(n, self.heads, self.head_dim).transpose(0, 1), cos, sin)
         k = rotate(self.k_proj(x).view(n, self.kv_heads, self.head_dim).transpose(0, 1), cos, sin)
         v = self.v_proj(x).view(n, self.kv_heads, self.head_dim).transpose(0, 1)
-        keys, values = torch.cat([past_k, k], dim=1), torch.cat([past_v, v], dim=1)
+        if write_at is None:
+            keys, values = torch.cat([past_k, k], dim=1), torch.cat([past_v, v], dim=1)
+        else:
+            past_k[:, write_at:write_at + n].copy_(k)
+            past_v[:, write_at:write_at + n].copy_(v)
+            keys, values = past_k[:, :write_at + n], past_v[:, :write_at + n]
         attn_mask = None if mask is None else mask[None, None]
         out = grouped_attention(q[None], keys[None], values[None], attn_mask)
+        if write_at is not None:
+            keys, values = past_k, past_v
         return self.o_proj(out[0].transpose(0, 1).reshape(n, -1)), keys, values
 
 
@@ -177,16 +187,54 @@ class MidLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
 
 
-@dataclass
 class Eagle3Cache:
-    """Per-prompt K/V ([kv_heads, m, d]) of the rows computed from target features."""
+    """Per-prompt K/V of the rows computed from target features: the first `length` rows of buffers
+    [kv_heads, capacity + scratch, d]. `extend` writes new rows in place (no copy of the cache per step); the
+    last `scratch` rows are the dynamic tree's expansion rows, overwritten every step. The buffers keep their
+    shape while they fit, so a tree captured in a CUDA graph reads them in place: the length is also kept on
+    the device (`length_t`). A cache that has to grow gets new buffers of twice the capacity (`moved` says so,
+    until the tree's replayer has dropped the graph that read the old ones); `clear` keeps them for the next
+    prompt."""
 
-    keys: torch.Tensor
-    values: torch.Tensor
+    MIN_CAPACITY = 256
+
+    def __init__(self, like: torch.Tensor, kv_heads: int, head_dim: int):
+        self.buffer_k = like.new_zeros(kv_heads, 0, head_dim)
+        self.buffer_v = like.new_zeros(kv_heads, 0, head_dim)
+        self.length, self.scratch, self.moved = 0, 0, False
+        self.length_t = torch.zeros((), dtype=torch.long, device=like.device)
 
     @property
-    def length(self) -> int:
-        return self.keys.shape[1]
+    def capacity(self) -> int:
+        return self.buffer_k.shape[1] - self.scratch
+
+    @property
+    def keys(self) -> torch.Tensor:
+        return self.buffer_k[:, :self.length]
+
+    @property
+    def values(self) -> torch.Tensor:
+        return self.buffer_v[:, :self.length]
+
+    def clear(self) -> None:
+        self.set_length(0)
+
+    def set_length(self, length: int) -> None:
+        self.length = length
+        self.length_t.fill_(length)  # a fill on the device, no host read
+
+    def reserve(self, rows: int, scratch: int = 0) -> None:
+        """Room for `rows` more cached rows and at least `scratch` expansion rows."""
+        need, scratch = self.length + rows, max(scratch, self.scratch)
+        if need <= self.capacity and scratch == self.scratch:
+            return
+        capacity = self.capacity if need <= self.capacity else max(need, 2 * self.capacity, self.MIN_CAPACITY)
+        for name in ("buffer_k", "buffer_v"):
+            old = getattr(self, name)
+            new = old.new_zeros(old.shape[0], capacity + scratch, old.shape[2])
+            new[:, :self.length] = old[:, :self.length]
+            setattr(self, name, new)
+        self.scratch, self.moved = scratch, True
 
 
 class Eagle3Drafter(nn.Module):
@@ -209,15 +257,16 @@ class Eagle3Drafter(nn.Module):
         emb = torch.cat([angles, angles], dim=-1)
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
-    def step(self, embeds, hidden, positions, past_k, past_v, mask=None):
+    def step(self, embeds, hidden, positions, past_k, past_v, mask=None, write_at: int | None = None):
         """One pass of the layer over n rows: embeds [n, H] of the input tokens, hidden [n, H] (`g`:
         fc(features) or a parent's `h`). Returns h [n, H] (pre-norm) and the K/V [kv_heads, m + n, d]
-        of the past rows followed by these rows' (the next pass's past: no caller concatenates again)."""
+        of the past rows followed by these rows' (the next pass's past: no caller concatenates again).
+        With `write_at`, past K/V are buffers written in place at that row (`Attention.forward`)."""
         layer = self.midlayer
         normed = layer.hidden_norm(hidden)
         x = torch.cat([layer.input_layernorm(embeds), normed], dim=-1)
         cos, sin = self.rope(positions, hidden.dtype)
-        attn, keys, values = layer.self_attn(x, cos, sin, past_k, past_v, mask)
+        attn, keys, values = layer.self_attn(x, cos, sin, past_k, past_v, mask, write_at)
         h = (normed if self.spec.norm_before_residual else hidden) + attn
         return h + layer.mlp(layer.post_attention_layernorm(h)), keys, values
 
@@ -229,9 +278,7 @@ class Eagle3Drafter(nn.Module):
         return draft_ids + self.d2t[draft_ids]
 
     def new_cache(self) -> Eagle3Cache:
-        p = self.lm_head.weight
-        empty = p.new_zeros(self.spec.num_key_value_heads, 0, self.spec.head_dim)
-        return Eagle3Cache(empty, empty)
+        return Eagle3Cache(self.lm_head.weight, self.spec.num_key_value_heads, self.spec.head_dim)
 
     @torch.inference_mode()
     def extend(self, cache: Eagle3Cache, features: torch.Tensor, next_embeds: torch.Tensor) -> torch.Tensor:
@@ -245,7 +292,9 @@ class Eagle3Drafter(nn.Module):
         mask = None
         if n > 1:  # causal inside the new rows, all of the cache visible
             mask = torch.ones(n, m + n, dtype=torch.bool, device=g.device).tril(m)
-        h, cache.keys, cache.values = self.step(next_embeds.to(g.dtype), g, positions, cache.keys, cache.values, mask)
+        cache.reserve(n)
+        h, _, _ = self.step(next_embeds.to(g.dtype), g, positions, cache.buffer_k, cache.buffer_v, mask, write_at=m)
+        cache.set_length(m + n)
         return h
 
 

@@ -1,5 +1,6 @@
-"""EAGLE-2's dynamic draft tree (Li et al. 2024, SafeAILab/EAGLE `cnets.py topK_genrate`) and the
-chain mode, drafted by an EAGLE-3 model from its last cached row.
+"""EAGLE-2's dynamic draft tree (Li et al. 2024, SafeAILab/EAGLE `cnets.py topK_genrate`), drafted by an
+EAGLE-3 model from its last cached row; the chain mode is the tree of width one (`top_k=1`: each draft the
+argmax after its predecessors, fed its own h, as vLLM / SGLang draft a chain).
 
     depth 1: the top_k tokens of the last row's draft distribution, scored by their log-probs
     `depth` times: run the top_k frontier nodes (hidden = parent's h, token = the node's) in one pass,
@@ -10,7 +11,10 @@ chain mode, drafted by an EAGLE-3 model from its last cached row.
 
 A node scores no higher than its parent and ties are broken by creation order (parents first), so the
 kept nodes are closed under ancestry. Everything stays on the device until one host copy of the kept
-nodes per step. The tree is deterministic (top-k of untempered log-probs, as EAGLE drafts at any
+nodes per step, at fixed shapes (the drafter's cache is a buffer of fixed capacity, its length a device
+scalar), so on CUDA the whole expansion, its `depth` drafter passes included, replays from one CUDA graph
+(`method.cuda_graph`, decoding/engine/cuda_graph.py), captured again only when the cache outgrows its
+buffer. The tree is deterministic (top-k of untempered log-probs, as EAGLE drafts at any
 temperature), so the engine's acceptance keeps it lossless at every T.
 """
 
@@ -19,17 +23,44 @@ from __future__ import annotations
 import torch
 
 from decoding.drafting.eagle3_drafter import Eagle3Cache, Eagle3Drafter
-from decoding.engine.argmax import row_argmax
+from decoding.engine.cuda_graph import GraphReplayer
 from decoding.engine.transfer import to_host
 from decoding.engine.tree import TokenTree
 
 
 @torch.inference_mode()
-def dynamic_tree(drafter: Eagle3Drafter, cache: Eagle3Cache, h_last: torch.Tensor, embed, root: int,
-                 top_k: int, depth: int, total_tokens: int) -> tuple[TokenTree, int]:
-    """The tree (root + at most total_tokens - 1 drafts) and the number of drafter passes it took."""
-    device = h_last.device
+def dynamic_tree(drafter: Eagle3Drafter, cache: Eagle3Cache, h_last: torch.Tensor, embed, root: int, top_k: int,
+                 depth: int, total_tokens: int, graphs: GraphReplayer | None = None) -> tuple[TokenTree, int]:
+    """The tree (root + at most total_tokens - 1 drafts) and the number of drafter passes it took. `graphs`
+    (enabled on CUDA): the expansion replays from one CUDA graph per step (`expand_tree`), else it runs eagerly."""
     k = min(top_k, drafter.spec.draft_vocab_size)
+    cache.reserve(0, scratch=depth * k)
+    if cache.moved:  # new buffers: a graph reading the old ones is dropped (a regrowth, not a recapture bug)
+        cache.moved = False
+        if graphs is not None:
+            graphs.forget()
+    keep = min(total_tokens - 1, k + depth * k * k)  # the pool's size, known on the host
+    inputs = {"h_last": h_last}
+    constants = {"keys": cache.buffer_k, "values": cache.buffer_v, "length": cache.length_t,
+                 "scratch_at": cache.capacity, "drafter": drafter, "embed": embed, "k": k, "depth": depth,
+                 "keep": keep}
+    if graphs is not None and graphs.enabled:
+        found = graphs("eagle3_tree", expand_tree, inputs, constants)
+    else:
+        found = expand_tree(**inputs, **constants)
+    kept_tokens, kept_parents, kept = to_host(*found)  # the graph's outputs: read before the next replay
+    node_of = {-1: 0, **{pool_index: node for node, pool_index in enumerate(kept, start=1)}}
+    return TokenTree([root, *kept_tokens], [-1, *(node_of[p] for p in kept_parents)]), depth
+
+
+def expand_tree(h_last, keys, values, length, scratch_at: int, drafter: Eagle3Drafter, embed, k: int, depth: int,
+                keep: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The tree's tensors at fixed shapes, with no host read (so a CUDA graph can hold it): the kept nodes'
+    target tokens, their parents' pool indices (-1: the root) and their pool indices, in creation order.
+    `keys`/`values`: the cache's buffers, whose first `length` (a device scalar) rows are cached; level l's
+    scratch rows are written at rows scratch_at + l*k and attend to every row below them, the cached ones
+    (the rows between `length` and `scratch_at` masked out) and their ancestors' scratch rows."""
+    device = h_last.device
     logp = torch.log_softmax(drafter.logits(h_last[None])[0], dim=-1)
     scores, ids = torch.topk(logp, k)
     tokens = drafter.to_target_ids(ids)
@@ -37,17 +68,16 @@ def dynamic_tree(drafter: Eagle3Drafter, cache: Eagle3Cache, h_last: torch.Tenso
     frontier = torch.arange(k, device=device)  # pool indices of the frontier nodes
     frontier_h = h_last.expand(k, -1)
     visible = torch.zeros(k, 0, dtype=torch.bool, device=device)  # frontier rows -> earlier scratch rows
-    past_k, past_v = cache.keys, cache.values  # then the cache followed by the scratch rows of the levels so far
     eye = torch.eye(k, dtype=torch.bool, device=device)
     row_of_child = torch.arange(k, device=device).repeat_interleave(k)  # [k * k]: a child's frontier row
-    cached = torch.ones(k, cache.length, dtype=torch.bool, device=device)
+    cached = (torch.arange(scratch_at, device=device) < length).expand(k, scratch_at)
     # depth-1 nodes sit one past the last cached row; every level's positions made at once
-    positions = torch.arange(cache.length, cache.length + depth, device=device)[:, None].expand(depth, k).unbind(0)
-    passes, offset = 0, k  # offset: pool index of the level's first child (host arithmetic, no tensor reads)
+    positions = (length + torch.arange(depth, device=device))[:, None].expand(depth, k).unbind(0)
+    offset = k  # pool index of the level's first child (host arithmetic, no tensor reads)
     for level in range(depth):
         mask = torch.cat([cached, visible, eye], dim=1)
-        h, past_k, past_v = drafter.step(embed(tokens), frontier_h, positions[level], past_k, past_v, mask)
-        passes += 1
+        h, _, _ = drafter.step(embed(tokens), frontier_h, positions[level], keys, values, mask,
+                               write_at=scratch_at + level * k)
         child_logp, child_ids = torch.topk(torch.log_softmax(drafter.logits(h), dim=-1), k)  # [k, k]
         child_scores = (scores[:, None] + child_logp).reshape(-1)
         pool_scores.append(child_scores)
@@ -64,24 +94,5 @@ def dynamic_tree(drafter: Eagle3Drafter, cache: Eagle3Cache, h_last: torch.Tenso
         # a child sees what its parent saw, plus its parent's own scratch row (in the block just added)
         visible = torch.cat([visible.index_select(0, parent_row), eye.index_select(0, parent_row)], dim=1)
     all_scores, all_tokens, all_parents = torch.cat(pool_scores), torch.cat(pool_tokens), torch.cat(pool_parents)
-    keep = min(total_tokens - 1, k + passes * k * k)  # the pool's size, known on the host
     order = torch.sort(all_scores, descending=True, stable=True).indices[:keep].sort().values
-    kept_tokens, kept_parents, kept = to_host(all_tokens.index_select(0, order), all_parents.index_select(0, order),
-                                              order)
-    node_of = {-1: 0, **{pool_index: node for node, pool_index in enumerate(kept, start=1)}}
-    return TokenTree([root, *kept_tokens], [-1, *(node_of[p] for p in kept_parents)]), passes
-
-
-@torch.inference_mode()
-def chain(drafter: Eagle3Drafter, cache: Eagle3Cache, h_last: torch.Tensor, embed, root: int,
-          length: int) -> tuple[TokenTree, int]:
-    """`length` argmax drafts, each fed back with its own h (vLLM / SGLang chain mode)."""
-    device = h_last.device
-    picks = [drafter.to_target_ids(row_argmax(drafter.logits(h_last[None])[0]))]
-    h = h_last[None]
-    past_k, past_v = cache.keys, cache.values
-    for i in range(length - 1):
-        h, past_k, past_v = drafter.step(embed(picks[-1].view(1)), h,
-                                         torch.full((1,), cache.length + i, device=device), past_k, past_v)
-        picks.append(drafter.to_target_ids(row_argmax(drafter.logits(h)[0])))
-    return TokenTree.chain(root, to_host(torch.stack(picks))[0]), length - 1
+    return all_tokens.index_select(0, order), all_parents.index_select(0, order), order

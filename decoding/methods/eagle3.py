@@ -18,7 +18,8 @@ from typing import Optional
 import torch
 
 from decoding.drafting.eagle3_drafter import fitted_embeddings, load_eagle3
-from decoding.drafting.eagle_tree import chain, dynamic_tree
+from decoding.drafting.eagle_tree import dynamic_tree
+from decoding.engine import cuda_graph
 from decoding.engine.loop import DecodeState, Method, Proposal, StepResult
 from decoding.engine.target import ForwardOutput, TargetModel
 from decoding.engine.transfer import to_device
@@ -37,6 +38,9 @@ class Eagle3Config:
     top_k: int = 10  # frontier width and children per node (EAGLE's top_k)
     chain_length: int = 5  # tree=false: drafts per step (SGLang's speculative_num_steps default)
     layer_ids: list[int] = field(default_factory=list)  # target layers (output ids); [] = the checkpoint's
+    # on CUDA, the tree's expansion (its drafter passes and top-k bookkeeping; the chain's too) replays from one
+    # CUDA graph per step (decoding/drafting/eagle_tree.py); false: eager
+    cuda_graph: bool = True
 
     def __post_init__(self) -> None:
         check_range("method.total_tokens", self.total_tokens, 2)
@@ -56,12 +60,15 @@ class Eagle3(Method):
         self.taps = tuple(self.config.layer_ids or self.drafter.spec.layer_ids(target.config.num_hidden_layers))
         self.embed = fitted_embeddings(self.drafter, self.taps, target, f"method=eagle3: drafter {self.config.drafter}")
         self.target = target
+        self.graphs = cuda_graph.graphs_for(self.drafter.lm_head.weight.device, self.config.cuda_graph,
+                                            "method.cuda_graph")
+        self.cache = self.drafter.new_cache()  # its buffers are kept from prompt to prompt (so is a captured tree)
 
     def prefill_hidden_layers(self) -> tuple[int, ...]:
         return self.taps
 
     def begin(self, state: DecodeState) -> None:
-        self.cache = self.drafter.new_cache()
+        self.cache.clear()
         self.passes = 0
 
     def on_prefill(self, state: DecodeState, output: ForwardOutput) -> None:
@@ -87,11 +94,11 @@ class Eagle3(Method):
         if not len(h):  # no row to draft from yet (a one-token prompt's first step)
             return Proposal(TokenTree.root_only(state.root), hidden_layers=self.taps)
         cfg = self.config
-        if cfg.tree:
-            tree, passes = dynamic_tree(self.drafter, self.cache, h[-1], self.embed, state.root, cfg.top_k, cfg.depth,
-                                        cfg.total_tokens)
-        else:
-            tree, passes = chain(self.drafter, self.cache, h[-1], self.embed, state.root, cfg.chain_length)
+        # the chain: the width-one tree, chain_length drafts in chain_length - 1 passes after the first pick
+        top_k, depth, total = (cfg.top_k, cfg.depth, cfg.total_tokens) if cfg.tree else \
+            (1, cfg.chain_length - 1, cfg.chain_length + 1)
+        tree, passes = dynamic_tree(self.drafter, self.cache, h[-1], self.embed, state.root, top_k, depth, total,
+                                    self.graphs)
         self.passes += passes
         return Proposal(tree, hidden_layers=self.taps)
 

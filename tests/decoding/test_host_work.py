@@ -194,16 +194,16 @@ def test_the_decoding_loop_does_no_host_work_a_gpu_would_pay_for(name, temperatu
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 @pytest.mark.parametrize("name", HOT_METHODS)
 def test_the_code_cuda_graphs_capture_does_no_host_work_either(name, temperature, graphed_bf16_zoo, monkeypatch):
-    """The paths only a GPU takes: the target's static forward and the Domino chain's and DominoTree's graphs,
-    emulated, with host reads inside them reported too (they make a capture fail)."""
+    """The paths only a GPU takes: the target's static forward and the Domino chain's, DominoTree's and EAGLE-3's
+    graphs, emulated, with host reads inside them reported too (they make a capture fail)."""
     target, folder = graphed_bf16_zoo
     monkeypatch.setenv("SPECDEC_CACHE", str(folder))
     monkeypatch.setattr(cuda_graph, "graphs_for", lambda device, enabled, what, emulate=False:
                         cuda_graph.GraphReplayer(enabled, what, emulate=True))
     finder = host_work_in_the_loop(build_method(name, target, folder), target, temperature, monkeypatch)
     assert finder.sites == []
-    # what ran from graphs: the target's static forward, and the Domino chain's and DominoTree's own graphs
-    own = {"domino": {"chain_picks"}, "dominotree": {"whole_tree"}}.get(name, set())
+    # what ran from graphs: the target's static forward, and the Domino chain's, DominoTree's and EAGLE-3's own
+    own = {"domino": {"chain_picks"}, "dominotree": {"whole_tree"}, "eagle3": {"expand_tree"}}.get(name, set())
     assert finder.graphs_run == {"_static_pass", *own}
 
 

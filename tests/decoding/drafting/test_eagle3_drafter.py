@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from decoding.drafting.eagle3_drafter import (Eagle3Drafter, Eagle3Spec, load_eagle3, save_eagle3, vocab_mapping)
-from decoding.drafting.eagle_tree import chain, dynamic_tree
+from decoding.drafting.eagle_tree import dynamic_tree
 from pipeline.errors import ConfigError
 
 VOCAB, DRAFT_VOCAB, HIDDEN = 40, 24, 32
@@ -192,15 +192,41 @@ def test_the_dynamic_tree_keeps_the_nodes_of_the_node_by_node_reference(tmp_path
     assert cache.length == 6  # the expansion's rows are scratch: the cache keeps only the committed rows
 
 
-def test_the_chain_is_the_argmax_path_and_a_width_one_tree(tmp_path):
+def test_the_tree_expansion_reads_nothing_on_the_host_and_masks_the_buffer_past_the_cache(tmp_path):
+    """The expansion is what a CUDA graph holds (method.cuda_graph): no device value read on the host (a capture
+    would fail on one), and rows of the buffer between the cache's length and the scratch rows are masked, so
+    leftovers there (a longer earlier prompt) change nothing."""
+    from decoding.drafting.eagle_tree import expand_tree
+    from decoding.engine.static_forward import _HostReads
+
+    drafter = random_drafter(tmp_path)
+    cache, h_last, embed = primed(drafter)
+    with torch.inference_mode():
+        tree, _ = dynamic_tree(drafter, cache, h_last, embed, root=7, top_k=3, depth=3, total_tokens=12)
+        assert cache.capacity > cache.length  # room past the cache: garbage there must not count
+        cache.buffer_k[:, cache.length:cache.capacity] = 1e3
+        cache.buffer_v[:, cache.length:cache.capacity] = -1e3
+        again, _ = dynamic_tree(drafter, cache, h_last, embed, root=7, top_k=3, depth=3, total_tokens=12)
+        reads = _HostReads()
+        with reads:
+            expand_tree(h_last, cache.buffer_k, cache.buffer_v, cache.length_t, cache.capacity, drafter, embed, k=3,
+                   depth=3, keep=11)
+    assert (again.tokens, again.parents) == (tree.tokens, tree.parents)
+    assert reads.count == 0
+
+
+@pytest.mark.parametrize("length", [1, 4])
+def test_the_width_one_tree_is_the_argmax_chain(tmp_path, length):
+    """The chain mode (method.tree=false) is the tree of width one: each draft the argmax after its
+    predecessors, recomputed here on its own."""
     drafter = random_drafter(tmp_path, seed=1)
     cache, h_last, embed = primed(drafter, seed=1)
     with torch.inference_mode():
-        drafted, passes = chain(drafter, cache, h_last, embed, root=3, length=4)
-        narrow, _ = dynamic_tree(drafter, cache, h_last, embed, root=3, top_k=1, depth=3, total_tokens=5)
-    assert drafted.is_chain and passes == 3 and drafted.tokens == narrow.tokens
+        drafted, passes = dynamic_tree(drafter, cache, h_last, embed, root=3, top_k=1, depth=length - 1,
+                                       total_tokens=length + 1)
+    assert drafted.is_chain and passes == length - 1
     path = []
-    for _ in range(4):  # every draft is the argmax after its predecessors, recomputed on its own
+    for _ in range(length):  # every draft is the argmax after its predecessors, recomputed on its own
         h = node_h(drafter, cache, h_last, embed, path)
         path.append(int(drafter.to_target_ids(drafter.logits(h[None])[0].argmax())))
     assert drafted.tokens == [3, *path]

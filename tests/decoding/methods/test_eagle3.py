@@ -47,6 +47,60 @@ def test_greedy_equals_ar(tiny_target, tmp_path, config):
     assert one.new_tokens == generate(AR(), tiny_target, PROMPT[:1], max_new_tokens=8).new_tokens
 
 
+@pytest.mark.parametrize("config", [dict(total_tokens=12, depth=3, top_k=3), dict(tree=False, chain_length=4)],
+                         ids=["tree", "chain"])
+def test_graph_replayed_tree_drafts_as_eager_with_one_capture_per_buffer(tiny_target, tmp_path, monkeypatch, caplog,
+                                                                         config):
+    """On CUDA the tree's (and the chain's) expansion replays from one CUDA graph per step (method.cuda_graph). The
+    replay is emulated here (decoding/engine/cuda_graph.py: inputs copied into static buffers, the cache's buffers
+    read in place, outputs overwritten by the next replay), with the setup made to ask for graphs as on a GPU. The
+    same trees and tokens as eager decoding, over prompts whose cache outgrows its buffer: one capture per
+    buffer (new buffers drop the old graph; the next prompt reuses the buffers and the graph), no warning."""
+    from decoding.drafting.eagle3_drafter import Eagle3Cache
+    from decoding.engine import cuda_graph
+
+    monkeypatch.setattr(Eagle3Cache, "MIN_CAPACITY", 8)  # so the cache grows within these prompts
+    folder = tiny_eagle3(tiny_target, tmp_path / "eagle3")
+    config = Eagle3Config(drafter=folder, **config)
+    eager = Eagle3(config)
+    eager.setup(tiny_target)
+    assert not eager.graphs.enabled  # a CPU drafter: no graphs
+    asked = []
+    monkeypatch.setattr(cuda_graph, "graphs_for", lambda device, enabled, what: asked.append(enabled) or
+                        cuda_graph.GraphReplayer(enabled, what, emulate=True))
+    graphed = Eagle3(config)
+    graphed.setup(tiny_target)
+    assert asked == [True] and graphed.graphs.enabled
+    drafts = {eager: [], graphed: []}
+    buffers = []  # the cache buffers the graphed trees read, in order (kept alive: identity, not id())
+
+    def seen(proposal):
+        if not buffers or buffers[-1] is not graphed.cache.buffer_k:
+            buffers.append(graphed.cache.buffer_k)
+        return proposal
+
+    for method in drafts:
+        propose = method.propose
+        method.propose = lambda state, m=method, p=propose: drafts[m].append(p(state)) or drafts[m][-1]
+    graphed_propose = graphed.propose
+    graphed.propose = lambda state: seen(graphed_propose(state))
+    for prompt, temperature in ((PROMPT, 0.0), (PROMPT[:4], 1.0), (PROMPT * 3, 0.0)):
+        want, got = (generate(m, tiny_target, prompt, max_new_tokens=30, temperature=temperature, seed=2)
+                     for m in (eager, graphed))
+        assert got.new_tokens == want.new_tokens
+    trees = {m: [(p.tree.tokens, p.tree.parents) for p in drafts[m]] for m in drafts}
+    assert trees[graphed] == trees[eager] and len(trees[graphed]) > 20
+    assert max(len(tokens) for tokens, _ in trees[graphed]) == (5 if not config.tree else 12)
+    assert len(buffers) >= 3 and graphed.cache.capacity >= len(PROMPT * 3) + 30  # grown twice or more
+    assert graphed.graphs.captures == len(buffers)  # one graph per buffer: none for the prompts that fit
+    assert "captured" not in caplog.text
+    off = []
+    monkeypatch.setattr(cuda_graph, "graphs_for", lambda device, enabled, what: off.append(enabled) or
+                        cuda_graph.GraphReplayer(False, what))
+    Eagle3(Eagle3Config(drafter=folder, cuda_graph=False)).setup(tiny_target)
+    assert off == [False]
+
+
 def test_sampling_is_lossless_in_distribution_of_the_first_tokens(tiny_llama, tmp_path):
     from scipy.stats import chi2_contingency
 
