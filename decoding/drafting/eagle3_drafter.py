@@ -223,9 +223,9 @@ class Eagle3Cache:
         self.length = length
         self.length_t.fill_(length)  # a fill on the device, no host read
 
-    def reserve(self, rows: int, scratch: int = 0) -> None:
-        """Room for `rows` more cached rows and at least `scratch` expansion rows."""
-        need, scratch = self.length + rows, max(scratch, self.scratch)
+    def reserve(self, rows: int, scratch: int | None = None) -> None:
+        """Room for `rows` more cached rows, and `scratch` expansion rows (None: as many as now)."""
+        need, scratch = self.length + rows, self.scratch if scratch is None else scratch
         if need <= self.capacity and scratch == self.scratch:
             return
         capacity = self.capacity if need <= self.capacity else max(need, 2 * self.capacity, self.MIN_CAPACITY)

@@ -30,9 +30,11 @@ from decoding.engine.tree import TokenTree
 
 @torch.inference_mode()
 def dynamic_tree(drafter: Eagle3Drafter, cache: Eagle3Cache, h_last: torch.Tensor, embed, root: int, top_k: int,
-                 depth: int, total_tokens: int, graphs: GraphReplayer | None = None) -> tuple[TokenTree, int]:
+                 depth: int, total_tokens: int, graphs: GraphReplayer | None = None,
+                 expand=None) -> tuple[TokenTree, int]:
     """The tree (root + at most total_tokens - 1 drafts) and the number of drafter passes it took. `graphs`
-    (enabled on CUDA): the expansion replays from one CUDA graph per step (`expand_tree`), else it runs eagerly."""
+    (enabled on CUDA): the expansion replays from one CUDA graph per step (`expand_tree`), else it runs eagerly,
+    as `expand` (`compiled_expansion`) or `expand_tree`."""
     k = min(top_k, drafter.spec.draft_vocab_size)
     cache.reserve(0, scratch=depth * k)
     if cache.moved:  # new buffers: a graph reading the old ones is dropped (a regrowth, not a recapture bug)
@@ -41,26 +43,27 @@ def dynamic_tree(drafter: Eagle3Drafter, cache: Eagle3Cache, h_last: torch.Tenso
             graphs.forget()
     keep = min(total_tokens - 1, k + depth * k * k)  # the pool's size, known on the host
     inputs = {"h_last": h_last}
-    constants = {"keys": cache.buffer_k, "values": cache.buffer_v, "length": cache.length_t,
-                 "scratch_at": cache.capacity, "drafter": drafter, "embed": embed, "k": k, "depth": depth,
-                 "keep": keep}
+    constants = {"keys": cache.buffer_k, "values": cache.buffer_v, "length": cache.length_t, "drafter": drafter,
+                 "embed": embed, "k": k, "depth": depth, "keep": keep}
     if graphs is not None and graphs.enabled:
         found = graphs("eagle3_tree", expand_tree, inputs, constants)
     else:
-        found = expand_tree(**inputs, **constants)
+        found = (expand or expand_tree)(**inputs, **constants)
     kept_tokens, kept_parents, kept = to_host(*found)  # the graph's outputs: read before the next replay
     node_of = {-1: 0, **{pool_index: node for node, pool_index in enumerate(kept, start=1)}}
     return TokenTree([root, *kept_tokens], [-1, *(node_of[p] for p in kept_parents)]), depth
 
 
-def expand_tree(h_last, keys, values, length, scratch_at: int, drafter: Eagle3Drafter, embed, k: int, depth: int,
+def expand_tree(h_last, keys, values, length, drafter: Eagle3Drafter, embed, k: int, depth: int,
                 keep: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The tree's tensors at fixed shapes, with no host read (so a CUDA graph can hold it): the kept nodes'
     target tokens, their parents' pool indices (-1: the root) and their pool indices, in creation order.
-    `keys`/`values`: the cache's buffers, whose first `length` (a device scalar) rows are cached; level l's
-    scratch rows are written at rows scratch_at + l*k and attend to every row below them, the cached ones
-    (the rows between `length` and `scratch_at` masked out) and their ancestors' scratch rows."""
+    `keys`/`values`: the cache's buffers, whose first `length` (a device scalar) rows are cached and whose last
+    depth * k rows are scratch; level l's scratch rows are written at rows scratch_at + l*k and attend to every
+    row below them, the cached ones (the rows between `length` and `scratch_at` masked out) and their
+    ancestors' scratch rows."""
     device = h_last.device
+    scratch_at = keys.shape[1] - depth * k  # the cache's capacity (Eagle3Cache.reserve: exactly depth * k scratch)
     logp = torch.log_softmax(drafter.logits(h_last[None])[0], dim=-1)
     scores, ids = torch.topk(logp, k)
     tokens = drafter.to_target_ids(ids)
@@ -96,3 +99,13 @@ def expand_tree(h_last, keys, values, length, scratch_at: int, drafter: Eagle3Dr
     all_scores, all_tokens, all_parents = torch.cat(pool_scores), torch.cat(pool_tokens), torch.cat(pool_parents)
     order = torch.sort(all_scores, descending=True, stable=True).indices[:keep].sort().values
     return all_tokens.index_select(0, order), all_parents.index_select(0, order), order
+
+
+def compiled_expansion(enabled: bool):
+    """`expand_tree` torch.compile'd (`method.compile`; decoding/engine/compiled.py), for any buffer size (one
+    compile, not one per growth of the cache), or None (eager)."""
+    if not enabled:
+        return None
+    from decoding.engine.compiled import maybe_compiled
+
+    return maybe_compiled(expand_tree, True, "method.compile", growing={"keys": 1, "values": 1})

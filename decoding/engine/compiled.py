@@ -1,5 +1,6 @@
 """Optional `torch.compile` of a method's drafting loop: the loops whose per-step cost is the dispatch of
-hundreds of tiny operations, not arithmetic (the Domino chain: ~25 small ops per drafted position).
+hundreds of tiny operations, not arithmetic (the Domino chain: ~25 small ops per drafted position; EAGLE-3's
+tree expansion, its drafter passes included).
 
 Compiled on a CPU, such a loop is one C++ program from inductor (the Domino chain of the host-overhead
 model runs 3-5x faster: benchmarks/bench_domino_chain.py); on a GPU (default mode) it should be a few fused
@@ -34,9 +35,11 @@ def _compile_failures() -> tuple[type, ...]:
     return tuple(getattr(module, name) for module, name in names if hasattr(module, name))
 
 
-def maybe_compiled(fn: Callable, enabled: bool, what: str) -> Callable:
+def maybe_compiled(fn: Callable, enabled: bool, what: str, growing: dict[str, int] | None = None) -> Callable:
     """`fn` itself, or a torch.compile'd `fn` whose compilation failure (no C++ compiler on a CPU
-    node, an unsupported backend or construct) is one clear line naming the option `what`."""
+    node, an unsupported backend or construct) is one clear line naming the option `what`. `growing`:
+    {keyword argument: dimension} of tensors that grow between calls (a cache's buffers), compiled for any
+    size there, so a buffer that grows costs no second compile."""
     if not enabled:
         return fn
     import torch
@@ -44,11 +47,13 @@ def maybe_compiled(fn: Callable, enabled: bool, what: str) -> Callable:
     config = torch._dynamo.config  # a process-wide setting: raised, never lowered
     name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"  # torch < 2.7
     setattr(config, name, max(getattr(config, name), RECOMPILE_LIMIT))
-    compiled = torch.compile(fn, dynamic=False, fullgraph=True)
+    compiled = torch.compile(fn, dynamic=None if growing else False, fullgraph=True)
     failures = _compile_failures()
 
     @functools.wraps(fn)
     def run(*args, **kwargs):
+        for argument, dim in (growing or {}).items():
+            torch._dynamo.mark_dynamic(kwargs[argument], dim)
         try:
             return compiled(*args, **kwargs)
         except failures as error:

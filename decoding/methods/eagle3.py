@@ -18,7 +18,7 @@ from typing import Optional
 import torch
 
 from decoding.drafting.eagle3_drafter import fitted_embeddings, load_eagle3
-from decoding.drafting.eagle_tree import dynamic_tree
+from decoding.drafting.eagle_tree import compiled_expansion, dynamic_tree
 from decoding.engine import cuda_graph
 from decoding.engine.loop import DecodeState, Method, Proposal, StepResult
 from decoding.engine.target import ForwardOutput, TargetModel
@@ -39,8 +39,11 @@ class Eagle3Config:
     chain_length: int = 5  # tree=false: drafts per step (SGLang's speculative_num_steps default)
     layer_ids: list[int] = field(default_factory=list)  # target layers (output ids); [] = the checkpoint's
     # on CUDA, the tree's expansion (its drafter passes and top-k bookkeeping; the chain's too) replays from one
-    # CUDA graph per step (decoding/drafting/eagle_tree.py); false: eager
+    # CUDA graph per step (decoding/drafting/eagle_tree.py); false: eager. Not used with compile.
     cuda_graph: bool = True
+    # torch.compile the expansion (decoding/engine/compiled.py; inductor's C++ on a CPU): one compile per process
+    # (~35 s on a 2-core CPU), then ~3x less time per expansion on the host-overhead model (docs/methods/eagle3.md)
+    compile: bool = False
 
     def __post_init__(self) -> None:
         check_range("method.total_tokens", self.total_tokens, 2)
@@ -60,8 +63,9 @@ class Eagle3(Method):
         self.taps = tuple(self.config.layer_ids or self.drafter.spec.layer_ids(target.config.num_hidden_layers))
         self.embed = fitted_embeddings(self.drafter, self.taps, target, f"method=eagle3: drafter {self.config.drafter}")
         self.target = target
-        self.graphs = cuda_graph.graphs_for(self.drafter.lm_head.weight.device, self.config.cuda_graph,
-                                            "method.cuda_graph")
+        self.graphs = cuda_graph.graphs_for(self.drafter.lm_head.weight.device,
+                                            self.config.cuda_graph and not self.config.compile, "method.cuda_graph")
+        self.expand = compiled_expansion(self.config.compile)
         self.cache = self.drafter.new_cache()  # its buffers are kept from prompt to prompt (so is a captured tree)
 
     def prefill_hidden_layers(self) -> tuple[int, ...]:
@@ -98,7 +102,7 @@ class Eagle3(Method):
         top_k, depth, total = (cfg.top_k, cfg.depth, cfg.total_tokens) if cfg.tree else \
             (1, cfg.chain_length - 1, cfg.chain_length + 1)
         tree, passes = dynamic_tree(self.drafter, self.cache, h[-1], self.embed, state.root, top_k, depth, total,
-                                    self.graphs)
+                                    self.graphs, self.expand)
         self.passes += passes
         return Proposal(tree, hidden_layers=self.taps)
 

@@ -209,8 +209,7 @@ def test_the_tree_expansion_reads_nothing_on_the_host_and_masks_the_buffer_past_
         again, _ = dynamic_tree(drafter, cache, h_last, embed, root=7, top_k=3, depth=3, total_tokens=12)
         reads = _HostReads()
         with reads:
-            expand_tree(h_last, cache.buffer_k, cache.buffer_v, cache.length_t, cache.capacity, drafter, embed, k=3,
-                   depth=3, keep=11)
+            expand_tree(h_last, cache.buffer_k, cache.buffer_v, cache.length_t, drafter, embed, k=3, depth=3, keep=11)
     assert (again.tokens, again.parents) == (tree.tokens, tree.parents)
     assert reads.count == 0
 

@@ -101,6 +101,44 @@ def test_graph_replayed_tree_drafts_as_eager_with_one_capture_per_buffer(tiny_ta
     assert off == [False]
 
 
+@pytest.mark.slow
+def test_compiled_expansion_drafts_as_eager_and_compiles_once_as_the_cache_grows(tiny_target, tmp_path, monkeypatch):
+    """method.compile=true (torch.compile of the tree's expansion, ~35 s on a CPU core): the eager trees and
+    AR's tokens, over prompts whose cache outgrows its buffer, compiled for any buffer size (one compiled graph,
+    not one per growth); on CUDA it is not also captured (method.cuda_graph)."""
+    from torch._dynamo.utils import counters
+
+    from decoding.drafting.eagle3_drafter import Eagle3Cache
+    from decoding.engine import cuda_graph
+
+    monkeypatch.setattr(Eagle3Cache, "MIN_CAPACITY", 8)  # so the cache grows within these prompts
+    folder = tiny_eagle3(tiny_target, tmp_path / "eagle3")
+    eager, fast = (Eagle3(Eagle3Config(drafter=folder, total_tokens=12, depth=3, top_k=3, compile=on)) for on in
+                   (False, True))
+    for m in (eager, fast):
+        m.setup(tiny_target)
+    assert eager.expand is None and fast.expand is not None
+    drafts = {eager: [], fast: []}
+    for method in drafts:
+        propose = method.propose
+        method.propose = lambda state, m=method, p=propose: drafts[m].append(p(state)) or drafts[m][-1]
+    torch._dynamo.reset()  # a compile of another test's drafter would otherwise count or serve here
+    graphs_before = counters["stats"]["unique_graphs"]
+    capacities = set()
+    for prompt in (PROMPT, PROMPT * 3):
+        want, got = (generate(m, tiny_target, prompt, max_new_tokens=30) for m in (eager, fast))
+        assert got.new_tokens == want.new_tokens == generate(AR(), tiny_target, prompt, max_new_tokens=30).new_tokens
+        capacities.add(fast.cache.capacity)
+    trees = {m: [(p.tree.tokens, p.tree.parents) for p in drafts[m]] for m in drafts}
+    assert trees[fast] == trees[eager] and len(capacities) == 2
+    assert counters["stats"]["unique_graphs"] - graphs_before == 1
+    asked = []
+    monkeypatch.setattr(cuda_graph, "graphs_for", lambda device, enabled, what: asked.append(enabled) or
+                        cuda_graph.GraphReplayer(False, what))
+    Eagle3(Eagle3Config(drafter=folder, compile=True)).setup(tiny_target)
+    assert asked == [False]
+
+
 def test_sampling_is_lossless_in_distribution_of_the_first_tokens(tiny_llama, tmp_path):
     from scipy.stats import chi2_contingency
 
