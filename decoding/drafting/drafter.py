@@ -40,6 +40,7 @@ class DrafterConfig:
     mask: Optional[str] = None  # slim: routing-mask name (decoding/drafting/routing.py) or a path, e.g. the DIMR result
     model: Optional[ModelConfig] = None  # model: the separate draft model
     checkpoint: Optional[str] = None  # eagle3: folder or HF hub id of an EAGLE-3 checkpoint
+    cuda_graph: bool = True  # eagle3: on CUDA, a draft's chain replays from one CUDA graph (eagle3_chain.py)
 
     def __post_init__(self) -> None:
         check_choice("drafter.kind", self.kind, ("early_exit", "slim", "model", "eagle3"))
@@ -142,7 +143,7 @@ def build_drafter(cfg: DrafterConfig, target: TargetModel) -> Drafter:
     if cfg.kind == "eagle3":
         from decoding.drafting.eagle3_chain import Eagle3ChainDrafter
 
-        return Eagle3ChainDrafter(cfg.checkpoint, target)
+        return Eagle3ChainDrafter(cfg.checkpoint, target, graphs=cfg.cuda_graph)
     if cfg.kind == "early_exit":
         if cfg.exit_layer >= target.num_layers:
             raise ConfigError(f"drafter.exit_layer={cfg.exit_layer} must be below the target's "

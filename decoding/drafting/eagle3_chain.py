@@ -19,15 +19,16 @@ from __future__ import annotations
 import torch
 
 from decoding.drafting.eagle3_drafter import fitted_embeddings, load_eagle3
-from decoding.engine.sampling import ChainDraws, Sampler
+from decoding.engine import cuda_graph
+from decoding.engine.argmax import row_argmax
+from decoding.engine.sampling import Sampler, categorical, probabilities
 from decoding.engine.transfer import to_device, to_host
-from pipeline.errors import ConfigError
 
 
 class Eagle3ChainDrafter:
     shares_target = False
 
-    def __init__(self, location: str, target):
+    def __init__(self, location: str, target, graphs: bool = True):
         self.model = load_eagle3(location, device=target.device, dtype=target.dtype)
         spec, cfg = self.model.spec, target.config
         self.hidden_layers = tuple(spec.layer_ids(cfg.num_hidden_layers))
@@ -36,11 +37,15 @@ class Eagle3ChainDrafter:
         self.vocab_size = cfg.vocab_size
         self.draft_to_target = self.model.to_target_ids(torch.arange(spec.draft_vocab_size, device=target.device))
         self.passes = 0
+        # on CUDA the chain replays from one CUDA graph per draft (`draft_chain`; drafter.cuda_graph)
+        self.graphs = cuda_graph.graphs_for(self.model.lm_head.weight.device, graphs, "drafter.cuda_graph")
+        self.cache = self.model.new_cache()  # its buffers are kept from prompt to prompt (so are the graphs)
+        self.past_t = torch.zeros((), dtype=torch.long, device=target.device)  # rows before the chain's first
 
     def begin(self, sequence: list[int], rows_expected: int = 0) -> None:  # no KV buffer: rows_expected unused
-        self.cache = self.model.new_cache()
+        self.cache.clear()
         self.last_h = None  # h of the newest target-fed row: it drafts the token after the cache's last input
-        self.scratch = ([], None, None, None)  # (tail tokens fed on own states, their K/V after the cache's, h)
+        self.tail = ([], None)  # (tokens fed on own states, in the buffer after the cache's rows; the h after them)
 
     def on_prefill(self, output, prompt_ids: list[int]) -> None:
         self.pending = (self._features(output.hidden, None), prompt_ids[1:])
@@ -68,44 +73,83 @@ class Eagle3ChainDrafter:
               need_dists: bool = True) -> tuple[list[int], torch.Tensor | None]:
         features, next_tokens = self.pending
         device = features.device
-        if len(features):
+        if len(features):  # target-fed rows replace the tail's (written over them)
             self.last_h = self.model.extend(self.cache, features, self.embed(to_device(next_tokens, device)))[-1:]
             self.passes += 1
             self.pending = (features[:0], [])
-            self.scratch = ([], self.cache.keys, self.cache.values, self.last_h)
+            self.tail = ([], self.last_h)
         if self.last_h is None:  # a one-token prompt: nothing to draft from yet
             return [], torch.empty(0, self.vocab_size, device=device)
-        sampler = sampler.for_device(device)
-        h, past_k, past_v = self._tail(sequence[self.cache.length + 1:], device)
-        # draws over the draft vocabulary (as Drafter.draft's, ChainDraws), scattered to the target's once
-        draws, tokens = ChainDraws(sampler, gamma, temperature), []
-        positions = torch.arange(past_k.shape[1], past_k.shape[1] + gamma, device=device)  # the drafts' rows
-        for i in range(gamma):
-            picked = draws.pick(self.model.logits(h)[0])
-            tokens.append(self.draft_to_target.index_select(0, picked.view(1)))
-            if i + 1 < gamma:
-                h, past_k, past_v = self.model.step(self.embed(tokens[-1]), h, positions[i:i + 1], past_k, past_v)
-                self.passes += 1
-        drafted = to_host(torch.cat(tokens))[0]
-        dists = draws.distributions(need_dists)
+        tail = sequence[self.cache.length + 1:]
+        self.cache.reserve(len(tail), scratch=max(gamma - 1, self.cache.scratch))
+        if self.cache.moved:  # new buffers: the tail's rows stayed in the old ones, and so did the graphs
+            self.cache.moved = False
+            self.tail = ([], self.last_h)
+            self.graphs.forget()
+        h = self._tail(tail, device)
+        self.past_t.fill_(self.cache.length + len(tail))
+        sampled = temperature > 0
+        inputs = {"h": h, "uniforms": sampler.for_device(device).uniform(gamma, torch.float64) if sampled else None}
+        constants = {"keys": self.cache.buffer_k, "values": self.cache.buffer_v, "past": self.past_t,
+                     "scratch_at": self.cache.capacity, "drafter": self.model, "embed": self.embed,
+                     "draft_to_target": self.draft_to_target, "gamma": gamma, "temperature": temperature}
+        if self.graphs.enabled:
+            tokens, rows = self.graphs(f"eagle3_chain_{'sampled' if sampled else 'greedy'}_{gamma}", draft_chain,
+                                       inputs, constants)
+        else:
+            tokens, rows = draft_chain(**inputs, **constants)
+        self.passes += gamma - 1
+        drafted = to_host(tokens)[0]  # before the next replay overwrites the graph's outputs
+        dists = rows.clone() if sampled else probabilities(rows, 1.0) if need_dists else None
         if dists is None:
             return drafted, None
         return drafted, dists.new_zeros(gamma, self.vocab_size).index_copy_(1, self.draft_to_target, dists)
 
-    def _tail(self, tail: list[int], device):
+    def _tail(self, tail: list[int], device) -> torch.Tensor:
         """Committed tokens past the target-fed rows (settled by a slim verifier) fed like drafts, on the
-        drafter's own h: (h, K, V) after them. Their scratch rows are kept between drafts, so consecutive
-        slim-settled blocks feed each token once; the target's features replace them when they arrive."""
-        fed, past_k, past_v, h = self.scratch
+        drafter's own h, their rows written in the buffer after the cache's: the h after them. They stay there
+        between drafts, so consecutive slim-settled blocks feed each token once; the target's features replace
+        them when they arrive (`extend` writes over them)."""
+        fed, h = self.tail
         if tail[:len(fed)] != fed:  # not an extension of what was fed (cannot happen between catch-ups)
-            fed, past_k, past_v, h = [], self.cache.keys, self.cache.values, self.last_h
-        for tok in tail[len(fed):]:
-            h, past_k, past_v = self.model.step(self.embed(to_device([tok], device)), h,
-                                                torch.full((1,), past_k.shape[1], device=device), past_k, past_v)
+            fed, h = [], self.last_h
+        for i in range(len(fed), len(tail)):
+            row = self.cache.length + i
+            h, _, _ = self.model.step(self.embed(to_device([tail[i]], device)), h,
+                                      torch.full((1,), row, device=device), self.cache.buffer_k, self.cache.buffer_v,
+                                      write_at=row)
             self.passes += 1
-        self.scratch = (list(tail), past_k, past_v, h)
-        return h, past_k, past_v
+        self.tail = (list(tail), h)
+        return h
 
     def record(self, stats) -> None:
         stats.add_extra("drafter_forwards", self.passes)
         self.passes = 0
+
+
+def draft_chain(h, uniforms, keys, values, past, scratch_at: int, drafter, embed, draft_to_target, gamma: int,
+                temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """γ drafts after the buffer's first `past` rows (a device scalar) from their last h [1, H], at fixed shapes
+    and with no host read (so a CUDA graph can hold it): each the argmax (T = 0) or an inverse-CDF draw with its
+    uniform (T > 0) over the draft vocabulary, fed back with its own h; draft i's row is written at
+    scratch_at + i and sees the past and the drafts before it (the buffer's rows between `past` and
+    `scratch_at` masked out). Returns the drafts' target ids [γ] and their rows [γ, V_draft]: the logits at
+    T = 0, the distributions drawn from at T > 0."""
+    device = h.device
+    positions = past + torch.arange(gamma, device=device)
+    cached = torch.arange(scratch_at, device=device) < past
+    drafts_seen = torch.ones(gamma, dtype=torch.bool, device=device)
+    picks, rows = [], []
+    for i in range(gamma):
+        logits = drafter.logits(h)[0]
+        if temperature > 0:
+            rows.append(probabilities(logits, temperature))
+            picks.append(categorical(rows[-1], uniforms[i]))
+        else:
+            rows.append(logits)
+            picks.append(row_argmax(logits))
+        if i + 1 < gamma:  # draft i's pass: its row sees the past, the drafts' rows before it and itself
+            mask = torch.cat([cached, drafts_seen[:i + 1]])[None]
+            h, _, _ = drafter.step(embed(draft_to_target.index_select(0, picks[-1].view(1))), h,
+                                   positions[i:i + 1], keys, values, mask, write_at=scratch_at + i)
+    return draft_to_target.index_select(0, torch.stack(picks)), torch.stack(rows)

@@ -83,15 +83,9 @@ class Sampler:
         from `uniform()` beforehand by a loop that samples position after position (a drafter's chain,
         `ChainDraws`): one draw per step instead of one per position."""
         self.check(probs)
-        # float64: a float32 running sum stops growing for entries below ~3e-8 once it passes 0.5 (they
-        # could never be drawn) and rounds every other entry to steps of ~6e-8
-        cdf = probs.cumsum(-1, dtype=torch.float64)  # [..., V]
         if uniform is None:
             uniform = self.uniform((*probs.shape[:-1], 1), torch.float64)
-        elif uniform.dim() != 0:  # a 0-dim draw scales a [V] row's total as it is
-            uniform = uniform.view(*probs.shape[:-1], 1)
-        picked = torch.searchsorted(cdf, uniform * cdf[..., -1:], right=True)  # [..., 1]
-        return picked.clamp_max_(probs.shape[-1] - 1).squeeze(-1)
+        return categorical(probs, uniform)
 
 
 class ChainDraws:
@@ -134,6 +128,17 @@ def _same_device(a: torch.device, b: torch.device) -> bool:
         return False
     # "cuda" and "cuda:0" name the same device when the current device is 0
     return a.index is None or b.index is None or a.index == b.index
+
+
+def categorical(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """`Sampler.categorical` with its uniforms given (a pure function of tensors: a CUDA graph can hold it)."""
+    # float64: a float32 running sum stops growing for entries below ~3e-8 once it passes 0.5 (they
+    # could never be drawn) and rounds every other entry to steps of ~6e-8
+    cdf = probs.cumsum(-1, dtype=torch.float64)  # [..., V]
+    if uniform.dim() != 0:  # a 0-dim draw scales a [V] row's total as it is
+        uniform = uniform.view(*probs.shape[:-1], 1)
+    picked = torch.searchsorted(cdf, uniform * cdf[..., -1:], right=True)  # [..., 1]
+    return picked.clamp_max_(probs.shape[-1] - 1).squeeze(-1)
 
 
 def probabilities(logits: torch.Tensor, temperature: float) -> torch.Tensor:

@@ -203,7 +203,8 @@ def test_the_code_cuda_graphs_capture_does_no_host_work_either(name, temperature
     finder = host_work_in_the_loop(build_method(name, target, folder), target, temperature, monkeypatch)
     assert finder.sites == []
     # what ran from graphs: the target's static forward, and the Domino chain's, DominoTree's and EAGLE-3's own
-    own = {"domino": {"chain_picks"}, "dominotree": {"whole_tree"}, "eagle3": {"expand_tree"}}.get(name, set())
+    own = {"domino": {"chain_picks"}, "dominotree": {"whole_tree"}, "eagle3": {"expand_tree"},
+           "via_sd_eagle3": {"draft_chain"}}.get(name, set())
     assert finder.graphs_run == {"_static_pass", *own}
 
 

@@ -229,3 +229,30 @@ def test_the_width_one_tree_is_the_argmax_chain(tmp_path, length):
         h = node_h(drafter, cache, h_last, embed, path)
         path.append(int(drafter.to_target_ids(drafter.logits(h[None])[0].argmax())))
     assert drafted.tokens == [3, *path]
+
+
+def test_the_sd_chain_drafts_the_argmax_path_past_leftovers_and_reads_nothing_on_the_host(tmp_path):
+    """drafter=eagle3's chain (`draft_chain`, what a CUDA graph holds): at T = 0 each draft is the argmax after its
+    predecessors, recomputed on its own; rows of the buffer past the cache (a longer earlier prompt's) are masked
+    out; no device value is read on the host."""
+    from decoding.drafting.eagle3_chain import draft_chain
+    from decoding.engine.static_forward import _HostReads
+
+    drafter = random_drafter(tmp_path, seed=2)
+    cache, h_last, embed = primed(drafter, seed=2)
+    identity = torch.arange(drafter.spec.draft_vocab_size)
+    with torch.inference_mode():
+        cache.reserve(0, scratch=3)
+        cache.buffer_k[:, cache.length:cache.capacity] = 1e3
+        cache.buffer_v[:, cache.length:cache.capacity] = -1e3
+        reads = _HostReads()
+        with reads:
+            tokens, rows = draft_chain(h_last[None], None, cache.buffer_k, cache.buffer_v, cache.length_t,
+                                       cache.capacity, drafter, embed, identity, gamma=4, temperature=0.0)
+        path = []
+        for _ in range(4):
+            h = node_h(drafter, cache, h_last, embed, path)
+            path.append(int(drafter.logits(h[None])[0].argmax()))
+    assert tokens.tolist() == path and rows.shape == (4, drafter.spec.draft_vocab_size)
+    assert reads.count == 0
+

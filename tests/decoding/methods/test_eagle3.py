@@ -225,6 +225,66 @@ def via_sd_with_eagle3(target, tmp_path, **config):
     return method, drafter
 
 
+@pytest.mark.parametrize("method_name", ["sd", "via_sd"])
+def test_the_eagle3_chain_from_its_cuda_graph_drafts_as_eager(tiny_target, tmp_path, monkeypatch, method_name):
+    """drafter=eagle3 on CUDA replays each draft's chain from a CUDA graph (drafter.cuda_graph), one per branch
+    (T = 0, T > 0) and cache buffer; emulated here, with the setup made to ask for graphs as on a GPU. The same
+    drafts, distributions and tokens as eager drafting at T = 0 and T = 1, also where VIA-SD's slim tier
+    settles tokens that the drafter feeds on its own states (rows kept in the buffer past the cache's)."""
+    from decoding.drafting.eagle3_drafter import Eagle3Cache
+    from decoding.engine import cuda_graph
+    from decoding.methods.sd import SDConfig, SpeculativeDecoding
+
+    monkeypatch.setattr(Eagle3Cache, "MIN_CAPACITY", 8)  # so the cache grows within these prompts
+    real = cuda_graph.graphs_for
+
+    def build(graphed):
+        if graphed:
+            monkeypatch.setattr(cuda_graph, "graphs_for", lambda device, enabled, what:
+                                cuda_graph.GraphReplayer(enabled, what, emulate=True))
+        if method_name == "via_sd":
+            method, _ = via_sd_with_eagle3(tiny_target, tmp_path / str(graphed), slim_threshold=0.1)
+        else:
+            from decoding.drafting.drafter import DrafterConfig
+
+            drafter = DrafterConfig(name="eagle3", kind="eagle3", gamma=4,
+                                    checkpoint=tiny_eagle3(tiny_target, tmp_path / f"e3{graphed}"))
+            method = SpeculativeDecoding(SDConfig(), drafter=drafter)
+            method.setup(tiny_target)
+        monkeypatch.setattr(cuda_graph, "graphs_for", real)
+        return method
+
+    eager, graphed = build(False), build(True)
+    assert not eager.drafter.graphs.enabled and graphed.drafter.graphs.enabled
+    drafts = {eager: [], graphed: []}
+    for m in drafts:
+        draft = m.drafter.draft
+
+        def recorded(*args, m=m, draft=draft, **kwargs):
+            tokens, dists = draft(*args, **kwargs)
+            drafts[m].append((tokens, None if dists is None else dists.clone()))
+            return tokens, dists
+
+        m.drafter.draft = recorded
+    settled = 0
+    for prompt, temperature, seed in ((PROMPT, 0.0, 0), (PROMPT * 3, 1.0, 3), (PROMPT, 1.0, 4)):
+        want, got = (generate(m, tiny_target, prompt, max_new_tokens=30, temperature=temperature, seed=seed)
+                     for m in (eager, graphed))
+        assert got.new_tokens == want.new_tokens
+        assert got.stats.extra["drafter_forwards"] == want.stats.extra["drafter_forwards"]
+        settled += got.stats.extra.get("settled_slim", 0)
+    assert len(drafts[graphed]) == len(drafts[eager]) > 10
+    for (got, got_dists), (want, want_dists) in zip(drafts[graphed], drafts[eager]):
+        assert got == want and (got_dists is None) == (want_dists is None)
+        if got_dists is not None:
+            assert torch.equal(got_dists, want_dists)
+    assert settled > 0 or method_name == "sd"  # VIA-SD's slim tier settled tokens fed on the drafter's states
+    assert 2 <= graphed.drafter.graphs.captures <= 8  # per branch and buffer, not per draft
+    twice = [generate(graphed, tiny_target, PROMPT, max_new_tokens=30).stats.extra["drafter_forwards"]
+             for _ in range(2)]
+    assert twice[0] == twice[1]  # the drafter's passes are counted per prompt, not summed over a run
+
+
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_via_sd_with_eagle3_forced_to_the_full_verifier_is_sd(tiny_target, tmp_path, temperature):
     """VIA-SD's separate drafter can be EAGLE-3; with tiers 1-2 off it is sd with that drafter."""
