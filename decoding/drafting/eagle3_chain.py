@@ -137,8 +137,9 @@ def draft_chain(h, uniforms, keys, values, past, scratch_at: int, drafter, embed
     T = 0, the distributions drawn from at T > 0."""
     device = h.device
     positions = past + torch.arange(gamma, device=device)
-    cached = torch.arange(scratch_at, device=device) < past
-    drafts_seen = torch.ones(gamma, dtype=torch.bool, device=device)
+    passes = gamma - 1  # pass i's row (draft i fed back) sees the past, the drafts' rows before it and itself
+    visible = torch.cat([(torch.arange(scratch_at, device=device) < past).expand(passes, scratch_at),
+                         torch.ones(passes, passes, dtype=torch.bool, device=device).tril()], dim=1)
     picks, rows = [], []
     for i in range(gamma):
         logits = drafter.logits(h)[0]
@@ -148,8 +149,8 @@ def draft_chain(h, uniforms, keys, values, past, scratch_at: int, drafter, embed
         else:
             rows.append(logits)
             picks.append(row_argmax(logits))
-        if i + 1 < gamma:  # draft i's pass: its row sees the past, the drafts' rows before it and itself
-            mask = torch.cat([cached, drafts_seen[:i + 1]])[None]
+        if i < passes:
             h, _, _ = drafter.step(embed(draft_to_target.index_select(0, picks[-1].view(1))), h,
-                                   positions[i:i + 1], keys, values, mask, write_at=scratch_at + i)
+                                   positions[i:i + 1], keys, values, visible[i:i + 1, :scratch_at + i + 1],
+                                   write_at=scratch_at + i)
     return draft_to_target.index_select(0, torch.stack(picks)), torch.stack(rows)

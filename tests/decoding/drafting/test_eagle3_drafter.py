@@ -256,3 +256,43 @@ def test_the_sd_chain_drafts_the_argmax_path_past_leftovers_and_reads_nothing_on
     assert tokens.tolist() == path and rows.shape == (4, drafter.spec.draft_vocab_size)
     assert reads.count == 0
 
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a CUDA graph needs a GPU")
+def test_on_a_gpu_the_tree_and_the_chain_replay_from_real_cuda_graphs_as_eager():
+    """Real captures (the CPU tests emulate them): the tree's expansion and the sd chain, captured once and
+    replayed over several steps whose cache grows in place, give the eager tensors, and growing the buffer
+    past its capacity drops the graph for a new one."""
+    from decoding.drafting.eagle3_chain import draft_chain
+    from decoding.engine.cuda_graph import GraphReplayer
+    from decoding.engine.sampling import Sampler
+
+    import tempfile
+    from pathlib import Path
+
+    drafter = random_drafter(Path(tempfile.mkdtemp())).to("cuda")
+    g = torch.Generator().manual_seed(0)
+    embed = torch.nn.Embedding(VOCAB, HIDDEN).to("cuda")
+    graphs = GraphReplayer(True, "method.cuda_graph")
+    cache = drafter.new_cache()
+    identity = torch.arange(DRAFT_VOCAB, device="cuda")
+    sampler = Sampler(0, "cuda")
+    with torch.inference_mode():
+        for step in range(6):  # 6, then 3 rows a step: 21 rows, past MIN_CAPACITY only if it were smaller
+            n = 6 if step == 0 else 3
+            features = torch.randn(n, 144, generator=g).to("cuda")
+            h = drafter.extend(cache, features, embed(torch.randint(0, VOCAB, (n,), generator=g).to("cuda")))
+            eager, _ = dynamic_tree(drafter, cache, h[-1], embed, root=7, top_k=3, depth=3, total_tokens=12)
+            graphed, _ = dynamic_tree(drafter, cache, h[-1], embed, root=7, top_k=3, depth=3, total_tokens=12,
+                                      graphs=graphs)
+            assert (graphed.tokens, graphed.parents) == (eager.tokens, eager.parents)
+            for temperature in (0.0, 1.0):
+                uniforms = sampler.uniform(4, torch.float64) if temperature else None
+                args = dict(h=h[-1:], uniforms=uniforms)
+                constants = dict(keys=cache.buffer_k, values=cache.buffer_v, past=cache.length_t,
+                                 scratch_at=cache.capacity, drafter=drafter, embed=embed, draft_to_target=identity,
+                                 gamma=4, temperature=temperature)
+                want = [t.clone() for t in draft_chain(**args, **constants)]
+                got = graphs(f"chain{temperature}", draft_chain, args, constants)
+                assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert graphs.captures == 3  # the tree and the chain's two branches, once each: the cache grew in place
+
