@@ -85,6 +85,8 @@ class Sampler:
         self.check(probs)
         if uniform is None:
             uniform = self.uniform((*probs.shape[:-1], 1), torch.float64)
+        elif uniform.dim() != 0:  # a 0-dim draw scales a [V] row's total as it is
+            uniform = uniform.view(*probs.shape[:-1], 1)
         return categorical(probs, uniform)
 
 
@@ -131,12 +133,11 @@ def _same_device(a: torch.device, b: torch.device) -> bool:
 
 
 def categorical(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
-    """`Sampler.categorical` with its uniforms given (a pure function of tensors: a CUDA graph can hold it)."""
+    """`Sampler.categorical` with its uniforms given (a pure function of tensors: a CUDA graph can hold it):
+    `uniform` float64, 0-dim for a [V] row or [..., 1]."""
     # float64: a float32 running sum stops growing for entries below ~3e-8 once it passes 0.5 (they
     # could never be drawn) and rounds every other entry to steps of ~6e-8
     cdf = probs.cumsum(-1, dtype=torch.float64)  # [..., V]
-    if uniform.dim() != 0:  # a 0-dim draw scales a [V] row's total as it is
-        uniform = uniform.view(*probs.shape[:-1], 1)
     picked = torch.searchsorted(cdf, uniform * cdf[..., -1:], right=True)  # [..., 1]
     return picked.clamp_max_(probs.shape[-1] - 1).squeeze(-1)
 
