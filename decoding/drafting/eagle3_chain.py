@@ -42,8 +42,8 @@ class Eagle3ChainDrafter:
         self.cache = self.model.new_cache()  # its buffers are kept from prompt to prompt (so are the graphs)
         self.past_t = torch.zeros((), dtype=torch.long, device=target.device)  # rows before the chain's first
 
-    def begin(self, sequence: list[int], rows_expected: int = 0) -> None:  # no KV buffer: rows_expected unused
-        self.cache.clear()
+    def begin(self, sequence: list[int], rows_expected: int = 0) -> None:
+        self.cache.clear(rows_expected)
         self.last_h = None  # h of the newest target-fed row: it drafts the token after the cache's last input
         self.tail = ([], None)  # (tokens fed on own states, in the buffer after the cache's rows; the h after them)
 
@@ -81,10 +81,9 @@ class Eagle3ChainDrafter:
         if self.last_h is None:  # a one-token prompt: nothing to draft from yet
             return [], torch.empty(0, self.vocab_size, device=device)
         tail = sequence[self.cache.length + 1:]
-        self.cache.reserve(len(tail), scratch=max(gamma - 1, self.cache.scratch))
-        if self.cache.moved:  # new buffers: the tail's rows stayed in the old ones, and so did the graphs
+        self.cache.reserve(len(tail), scratch=max(gamma - 1, self.cache.scratch), keep=len(self.tail[0]))
+        if self.cache.moved:  # new buffers (the fed tail's rows copied along): graphs on the old ones go
             self.cache.moved = False
-            self.tail = ([], self.last_h)
             self.graphs.forget()
         h = self._tail(tail, device)
         self.past_t.fill_(self.cache.length + len(tail))
@@ -93,14 +92,14 @@ class Eagle3ChainDrafter:
         constants = {"keys": self.cache.buffer_k, "values": self.cache.buffer_v, "past": self.past_t,
                      "scratch_at": self.cache.capacity, "drafter": self.model, "embed": self.embed,
                      "draft_to_target": self.draft_to_target, "gamma": gamma, "temperature": temperature}
-        if self.graphs.enabled:
-            tokens, rows = self.graphs(f"eagle3_chain_{'sampled' if sampled else 'greedy'}_{gamma}", draft_chain,
-                                       inputs, constants)
+        if self.graphs.enabled:  # one graph per temperature and γ (each a constant of its graph)
+            tokens, rows = self.graphs(f"eagle3_chain_T{temperature:g}_{gamma}", draft_chain, inputs, constants)
         else:
             tokens, rows = draft_chain(**inputs, **constants)
         self.passes += gamma - 1
         drafted = to_host(tokens)[0]  # before the next replay overwrites the graph's outputs
-        dists = rows.clone() if sampled else probabilities(rows, 1.0) if need_dists else None
+        # (the scatter below copies the rows out of the graph's buffer too)
+        dists = rows if sampled else probabilities(rows, 1.0) if need_dists else None
         if dists is None:
             return drafted, None
         return drafted, dists.new_zeros(gamma, self.vocab_size).index_copy_(1, self.draft_to_target, dists)
@@ -113,12 +112,14 @@ class Eagle3ChainDrafter:
         fed, h = self.tail
         if tail[:len(fed)] != fed:  # not an extension of what was fed (cannot happen between catch-ups)
             fed, h = [], self.last_h
-        for i in range(len(fed), len(tail)):
-            row = self.cache.length + i
-            h, _, _ = self.model.step(self.embed(to_device([tail[i]], device)), h,
-                                      torch.full((1,), row, device=device), self.cache.buffer_k, self.cache.buffer_v,
-                                      write_at=row)
-            self.passes += 1
+        if len(tail) > len(fed):  # one copy of the new tokens and their positions, then one pass each
+            start = self.cache.length + len(fed)
+            embeds = self.embed(to_device(tail[len(fed):], device))
+            positions = torch.arange(start, self.cache.length + len(tail), device=device)
+            for i in range(len(embeds)):
+                h, _, _ = self.model.step(embeds[i:i + 1], h, positions[i:i + 1], self.cache.buffer_k,
+                                          self.cache.buffer_v, write_at=start + i)
+                self.passes += 1
         self.tail = (list(tail), h)
         return h
 

@@ -193,8 +193,8 @@ class Eagle3Cache:
     last `scratch` rows are the dynamic tree's expansion rows, overwritten every step. The buffers keep their
     shape while they fit, so a tree captured in a CUDA graph reads them in place: the length is also kept on
     the device (`length_t`). A cache that has to grow gets new buffers of twice the capacity (`moved` says so,
-    until the tree's replayer has dropped the graph that read the old ones); `clear` keeps them for the next
-    prompt."""
+    until the replayer has dropped the graph that read the old ones); `clear` keeps them for the next prompt
+    unless they are over four times what it needs."""
 
     MIN_CAPACITY = 256
 
@@ -216,23 +216,34 @@ class Eagle3Cache:
     def values(self) -> torch.Tensor:
         return self.buffer_v[:, :self.length]
 
-    def clear(self) -> None:
+    def clear(self, rows_expected: int = 0) -> None:
+        """Empty, for the next prompt, with room for the rows it is expected to need (`rows_expected`: its
+        prompt and new tokens), so that the buffers need not grow (and a captured graph need not be captured
+        again) mid-prompt. Buffers over four times that are dropped for smaller ones: a long prompt must not
+        leave every later pass attending over (masked) rows it will never use."""
         self.set_length(0)
+        if rows_expected and self.capacity > 4 * max(rows_expected, self.MIN_CAPACITY):
+            shape = (self.buffer_k.shape[0], self.scratch, self.buffer_k.shape[2])  # no room: `reserve` makes it
+            self.buffer_k, self.buffer_v = self.buffer_k.new_zeros(shape), self.buffer_v.new_zeros(shape)
+            self.moved = True
+        self.reserve(rows_expected)
 
     def set_length(self, length: int) -> None:
         self.length = length
         self.length_t.fill_(length)  # a fill on the device, no host read
 
-    def reserve(self, rows: int, scratch: int | None = None) -> None:
-        """Room for `rows` more cached rows, and `scratch` expansion rows (None: as many as now)."""
+    def reserve(self, rows: int, scratch: int | None = None, keep: int = 0) -> None:
+        """Room for `rows` more cached rows, and `scratch` expansion rows (None: as many as now). New buffers
+        keep the cache's rows and the `keep` rows after them (a chain's fed tail)."""
         need, scratch = self.length + rows, self.scratch if scratch is None else scratch
         if need <= self.capacity and scratch == self.scratch:
             return
         capacity = self.capacity if need <= self.capacity else max(need, 2 * self.capacity, self.MIN_CAPACITY)
+        kept = max(0, min(self.length + keep, self.capacity, capacity))
         for name in ("buffer_k", "buffer_v"):
             old = getattr(self, name)
             new = old.new_zeros(old.shape[0], capacity + scratch, old.shape[2])
-            new[:, :self.length] = old[:, :self.length]
+            new[:, :kept] = old[:, :kept]
             setattr(self, name, new)
         self.scratch, self.moved = scratch, True
 
@@ -261,7 +272,8 @@ class Eagle3Drafter(nn.Module):
         """One pass of the layer over n rows: embeds [n, H] of the input tokens, hidden [n, H] (`g`:
         fc(features) or a parent's `h`). Returns h [n, H] (pre-norm) and the K/V [kv_heads, m + n, d]
         of the past rows followed by these rows' (the next pass's past: no caller concatenates again).
-        With `write_at`, past K/V are buffers written in place at that row (`Attention.forward`)."""
+        With `write_at`, past K/V are buffers written in place at that row and returned whole
+        (`Attention.forward`)."""
         layer = self.midlayer
         normed = layer.hidden_norm(hidden)
         x = torch.cat([layer.input_layernorm(embeds), normed], dim=-1)

@@ -54,7 +54,7 @@ def test_gpu_smoke_runs_every_method_on_the_cpu_tiny_shape_with_only_the_gpu_ima
     assert chains["cuda_graph"] == "emulated" and chains["captures"] == 2
     trees = report["eagle3_trees"]  # EAGLE-3's tree from its (emulated) graph: the eager trees, one capture
     assert trees["rounds_compared"] > 0 and trees["differing_rounds"] == 0
-    assert trees["cuda_graph"] == "emulated" and trees["captures"] >= 1
+    assert trees["cuda_graph"] == "emulated" and trees["captures"] == trees["cache_buffers"] >= 1
     assert [r["rows"] for r in report["cost_curve"]][-1] == 1024
     assert [r["rows"] for r in report["cost_curve_graphed"]][-1] == 1024
     # every method again on the hybrid-attention target (sliding + full layers), lossless ones at most tied

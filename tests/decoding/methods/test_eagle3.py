@@ -84,14 +84,18 @@ def test_graph_replayed_tree_drafts_as_eager_with_one_capture_per_buffer(tiny_ta
         method.propose = lambda state, m=method, p=propose: drafts[m].append(p(state)) or drafts[m][-1]
     graphed_propose = graphed.propose
     graphed.propose = lambda state: seen(graphed_propose(state))
-    for prompt, temperature in ((PROMPT, 0.0), (PROMPT[:4], 1.0), (PROMPT * 3, 0.0)):
+    capacities = []
+    for prompt, temperature in ((PROMPT, 0.0), (PROMPT[:4], 1.0), (PROMPT * 12, 0.0), (PROMPT[:2], 1.0)):
         want, got = (generate(m, tiny_target, prompt, max_new_tokens=30, temperature=temperature, seed=2)
                      for m in (eager, graphed))
         assert got.new_tokens == want.new_tokens
+        capacities.append(graphed.cache.capacity)
     trees = {m: [(p.tree.tokens, p.tree.parents) for p in drafts[m]] for m in drafts}
     assert trees[graphed] == trees[eager] and len(trees[graphed]) > 20
     assert max(len(tokens) for tokens, _ in trees[graphed]) == (5 if not config.tree else 12)
-    assert len(buffers) >= 3 and graphed.cache.capacity >= len(PROMPT * 3) + 30  # grown twice or more
+    # sized for each prompt at its start: kept for the short one after the first, grown for the long one,
+    # then shrunk (a short prompt does not attend over a long one's rows)
+    assert capacities[1] == capacities[0] < capacities[2] > capacities[3] and len(buffers) == 3
     assert graphed.graphs.captures == len(buffers)  # one graph per buffer: none for the prompts that fit
     assert "captured" not in caplog.text
     off = []
@@ -223,6 +227,57 @@ def via_sd_with_eagle3(target, tmp_path, **config):
     method = VIASD(VIASDConfig(mask=str(tmp_path / "mask.json"), **config), drafter=drafter)
     method.setup(target)
     return method, drafter
+
+
+def test_the_sd_chain_after_slim_settled_tokens_is_the_argmax_path_after_them(tiny_target, tmp_path, monkeypatch):
+    """drafter=eagle3 drafting after tokens without target features yet (VIA-SD's slim tier settled them): they
+    are fed on the drafter's own states, their rows kept in the buffer after the cache's, and the chain drafts
+    after them; a second draft feeds only the tail's new tokens, also when the buffer grows in between (the fed
+    rows are copied along). Checked against the same path recomputed by concatenation."""
+    from decoding.drafting.eagle3_chain import Eagle3ChainDrafter
+    from decoding.drafting.eagle3_drafter import Eagle3Cache
+    from decoding.engine.sampling import Sampler
+
+    monkeypatch.setattr(Eagle3Cache, "MIN_CAPACITY", 8)
+    drafter = Eagle3ChainDrafter(tiny_eagle3(tiny_target, tmp_path / "e3"), tiny_target)
+    model, embed = drafter.model, drafter.embed
+    g = torch.Generator().manual_seed(0)
+    features = torch.randn(6, 3 * tiny_target.config.hidden_size, generator=g)
+    sequence = [7, 30, 31, 32, 33, 34, 35, 40, 41, 42]
+
+    def reference(tail, gamma=4):
+        """The drafts and their distributions over the target's vocabulary (T = 1 softmax of their logits)."""
+        cache = model.new_cache()
+        with torch.inference_mode():
+            h = model.extend(cache, features, embed(torch.tensor(sequence[1:7])))[-1:]
+            past_k, past_v, out, dists = cache.keys, cache.values, [], []
+            for tok in [*tail, None]:  # the tail, then the drafts
+                while tok is None and len(out) < gamma:
+                    logits = model.logits(h)[0]
+                    dists.append(torch.zeros(tiny_target.config.vocab_size).index_copy_(
+                        0, drafter.draft_to_target, torch.softmax(logits, -1)))
+                    out.append(int(model.to_target_ids(logits.argmax())))
+                    if len(out) < gamma:
+                        h, past_k, past_v = model.step(embed(torch.tensor(out[-1:])), h,
+                                                       torch.tensor([past_k.shape[1]]), past_k, past_v)
+                if tok is not None:
+                    h, past_k, past_v = model.step(embed(torch.tensor([tok])), h, torch.tensor([past_k.shape[1]]),
+                                                   past_k, past_v)
+        return out, torch.stack(dists)
+
+    def same(drafted, expected):
+        assert drafted[0] == expected[0]
+        torch.testing.assert_close(drafted[1], expected[1], rtol=1e-5, atol=1e-6)
+
+    drafter.begin(sequence, rows_expected=0)
+    drafter.pending = (features, sequence[1:7])  # target-fed rows for tokens 0-5: the tail is tokens 7-9
+    same(drafter.draft(sequence, 4, 0.0, Sampler(0)), reference(sequence[7:]))
+    buffer, passes = drafter.cache.buffer_k, drafter.passes
+    assert drafter.cache.capacity == 16  # grown once for the tail (from 8)
+    longer = sequence + [50, 51, 52, 53, 54, 55, 56, 57]  # 6 cached + 11 tail rows: past the capacity again
+    second = drafter.draft(longer, 4, 0.0, Sampler(0))
+    assert drafter.cache.buffer_k is not buffer and drafter.passes - passes == 8 + 3  # the new tail, then drafts
+    same(second, reference(longer[7:]))
 
 
 @pytest.mark.parametrize("method_name", ["sd", "via_sd"])
