@@ -432,22 +432,24 @@ def print_builders(b: dict) -> None:
           flush=True)
 
 
+def print_section(title: str, section: dict, describe) -> None:
+    """A comparison section's line: `describe(section)`, or its error."""
+    print(f"{title}: FAILED: {section['error']}" if "error" in section else f"{title}: {describe(section)}",
+          flush=True)
+
+
 def print_chains(c: dict) -> None:
-    if "error" in c:
-        print(f"Domino chain, graph vs eager: FAILED: {c['error']}", flush=True)
-        return
-    print(f"Domino chain, graph vs eager: {c['rounds']} rounds, {c['differing_rounds']} differ "
-          f"({c['near_tie_rounds']} near-ties), CUDA graph: {c['cuda_graph']} ({c['captures']} captures), "
-          f"eager {c['eager_ms_per_chain']} ms/chain, graph {c['graph_ms_per_chain']} ms/chain", flush=True)
+    print_section("Domino chain, graph vs eager", c, lambda c: (
+        f"{c['rounds']} rounds, {c['differing_rounds']} differ ({c['near_tie_rounds']} near-ties), CUDA graph: "
+        f"{c['cuda_graph']} ({c['captures']} captures), eager {c['eager_ms_per_chain']} ms/chain, graph "
+        f"{c['graph_ms_per_chain']} ms/chain"))
 
 
 def print_eagle3(e: dict) -> None:
-    if "error" in e:
-        print(f"EAGLE-3 tree, graph vs eager: FAILED: {e['error']}", flush=True)
-        return
-    print(f"EAGLE-3 tree, graph vs eager: {e['rounds_compared']} rounds compared, {e['differing_rounds']} differ, "
-          f"CUDA graph: {e['cuda_graph']} ({e['captures']} captures), eager {e['eager_ms_per_proposal']} ms/proposal, "
-          f"graph {e['graph_ms_per_proposal']} ms/proposal", flush=True)
+    print_section("EAGLE-3 tree, graph vs eager", e, lambda e: (
+        f"{e['rounds_compared']} rounds compared, {e['differing_rounds']} differ, CUDA graph: {e['cuda_graph']} "
+        f"({e['captures']} captures for {e['cache_buffers']} cache buffers), eager {e['eager_ms_per_proposal']} "
+        f"ms/proposal, graph {e['graph_ms_per_proposal']} ms/proposal"))
 
 
 def print_curve(curve) -> None:
