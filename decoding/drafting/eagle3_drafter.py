@@ -156,8 +156,8 @@ class Attention(nn.Module):
 
     def forward(self, x, cos, sin, past_k, past_v, mask, write_at: int | None = None):
         """x [n, 2H]; mask [n, m + n] bool or None (all visible). `write_at` None: past K/V [kv_heads, m, d],
-        and the K/V returned are the past rows followed by this block's (a new tensor: training's autograd,
-        the chains' scratch rows). `write_at` m: past K/V are buffers (`Eagle3Cache`) whose first m rows are
+        and the K/V returned are the past rows followed by this block's (a new tensor: training, whose
+        autograd needs it, and the tests' step-by-step references). `write_at` m: past K/V are buffers (`Eagle3Cache`) whose first m rows are
         the past; this block's K/V are written at rows [m, m + n) in place, attention reads rows [0, m + n),
         and the buffers are returned. Returns the attention output [n, H] and the K/V."""
         n = len(x)
@@ -190,7 +190,7 @@ class MidLayer(nn.Module):
 class Eagle3Cache:
     """Per-prompt K/V of the rows computed from target features: the first `length` rows of buffers
     [kv_heads, capacity + scratch, d]. `extend` writes new rows in place (no copy of the cache per step); the
-    last `scratch` rows are the dynamic tree's expansion rows, overwritten every step. The buffers keep their
+    last `scratch` rows are the rows a tree's levels or a chain's drafts write, overwritten every step. The buffers keep their
     shape while they fit, so a tree captured in a CUDA graph reads them in place: the length is also kept on
     the device (`length_t`). A cache that has to grow gets new buffers of twice the capacity (`moved` says so,
     until the replayer has dropped the graph that read the old ones); `clear` keeps them for the next prompt
