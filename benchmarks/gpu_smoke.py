@@ -282,7 +282,7 @@ def compare_eagle3_trees(target, folder, shape, prompt_ids, max_new_tokens) -> d
     GPU; emulated off CUDA) and eagerly, on the same prompts: every round's tree compared while the two runs
     are in step (a tree that differs can accept another number of tokens, so the rounds after it are not
     compared), and each path's ms per proposal (the drafter's cache update and the tree; a round that captured
-    or made new cache buffers is not timed). One capture per buffer the cache had is expected."""
+    or made new cache buffers is not timed). One capture per cache buffer a tree ran on is expected."""
     from decoding.engine import cuda_graph
     from decoding.engine.loop import generate
 
@@ -303,9 +303,10 @@ def compare_eagle3_trees(target, folder, shape, prompt_ids, max_new_tokens) -> d
             t0 = time.perf_counter()
             proposal = propose(state)
             synchronize(target.device)
-            if method.cache.buffer_k is not buffer or not buffers:  # new buffers (kept: identity, not id())
-                buffers.append(method.cache.buffer_k)
-            elif method.graphs.captures == captures:  # neither a capture nor an allocation is timed
+            ran = len(proposal.tree.tokens) > 1  # a tree was expanded (not a one-token prompt's first round)
+            if ran and (not buffers or method.cache.buffer_k is not buffers[-1]):  # a tree on new buffers (made
+                buffers.append(method.cache.buffer_k)  # here or in `begin`; kept: identity, not id())
+            if method.cache.buffer_k is buffer and method.graphs.captures == captures:  # no capture, no allocation
                 times.append(time.perf_counter() - t0)
             trees.append((proposal.tree.tokens, proposal.tree.parents))
             return proposal

@@ -44,6 +44,8 @@ class Eagle3ChainDrafter:
 
     def begin(self, sequence: list[int], rows_expected: int = 0) -> None:
         self.cache.clear(rows_expected)
+        if self.cache.take_moved():  # resized for this prompt: the old buffers' graphs (and memory) go now
+            self.graphs.forget()
         self.last_h = None  # h of the newest target-fed row: it drafts the token after the cache's last input
         self.tail = ([], None)  # (tokens fed on own states, in the buffer after the cache's rows; the h after them)
 
@@ -81,9 +83,9 @@ class Eagle3ChainDrafter:
         if self.last_h is None:  # a one-token prompt: nothing to draft from yet
             return [], torch.empty(0, self.vocab_size, device=device)
         tail = sequence[self.cache.length + 1:]
-        self.cache.reserve(len(tail), scratch=max(gamma - 1, self.cache.scratch), keep=len(self.tail[0]))
-        if self.cache.moved:  # new buffers (the fed tail's rows copied along): graphs on the old ones go
-            self.cache.moved = False
+        fed = self.tail[0] if tail[:len(self.tail[0])] == self.tail[0] else []  # rows still valid after the cache
+        self.cache.reserve(len(tail), scratch=max(gamma - 1, self.cache.scratch), keep=len(fed))
+        if self.cache.take_moved():  # new buffers (the fed tail's rows copied along): graphs on the old ones go
             self.graphs.forget()
         h = self._tail(tail, device)
         self.past_t.fill_(self.cache.length + len(tail))
@@ -93,7 +95,7 @@ class Eagle3ChainDrafter:
                      "scratch_at": self.cache.capacity, "drafter": self.model, "embed": self.embed,
                      "draft_to_target": self.draft_to_target, "gamma": gamma, "temperature": temperature}
         if self.graphs.enabled:  # one graph per temperature and γ (each a constant of its graph)
-            tokens, rows = self.graphs(f"eagle3_chain_T{temperature:g}_{gamma}", draft_chain, inputs, constants)
+            tokens, rows = self.graphs(f"eagle3_chain_T{temperature!r}_{gamma}", draft_chain, inputs, constants)
         else:
             tokens, rows = draft_chain(**inputs, **constants)
         self.passes += gamma - 1

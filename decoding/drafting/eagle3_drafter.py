@@ -157,9 +157,10 @@ class Attention(nn.Module):
     def forward(self, x, cos, sin, past_k, past_v, mask, write_at: int | None = None):
         """x [n, 2H]; mask [n, m + n] bool or None (all visible). `write_at` None: past K/V [kv_heads, m, d],
         and the K/V returned are the past rows followed by this block's (a new tensor: training, whose
-        autograd needs it, and the tests' step-by-step references). `write_at` m: past K/V are buffers (`Eagle3Cache`) whose first m rows are
-        the past; this block's K/V are written at rows [m, m + n) in place, attention reads rows [0, m + n),
-        and the buffers are returned. Returns the attention output [n, H] and the K/V."""
+        autograd needs it, and the tests' step-by-step references). `write_at` m: past K/V are buffers
+        (`Eagle3Cache`) whose first m rows are the past; this block's K/V are written at rows [m, m + n) in
+        place, attention reads rows [0, m + n), and the buffers are returned. Returns the attention output
+        [n, H] and the K/V."""
         n = len(x)
         q = rotate(self.q_proj(x).view(n, self.heads, self.head_dim).transpose(0, 1), cos, sin)
         k = rotate(self.k_proj(x).view(n, self.kv_heads, self.head_dim).transpose(0, 1), cos, sin)
@@ -190,11 +191,11 @@ class MidLayer(nn.Module):
 class Eagle3Cache:
     """Per-prompt K/V of the rows computed from target features: the first `length` rows of buffers
     [kv_heads, capacity + scratch, d]. `extend` writes new rows in place (no copy of the cache per step); the
-    last `scratch` rows are the rows a tree's levels or a chain's drafts write, overwritten every step. The buffers keep their
-    shape while they fit, so a tree captured in a CUDA graph reads them in place: the length is also kept on
-    the device (`length_t`). A cache that has to grow gets new buffers of twice the capacity (`moved` says so,
-    until the replayer has dropped the graph that read the old ones); `clear` keeps them for the next prompt
-    unless they are over four times what it needs."""
+    last `scratch` rows are the rows a tree's levels or a chain's drafts write, overwritten every step. The
+    buffers keep their shape while they fit, so a graph captured on them reads them in place: the length is
+    also kept on the device (`length_t`). A cache that has to grow gets new buffers of twice the capacity
+    (`take_moved` says so once, for the replayer to drop the graphs that read the old ones); `clear` keeps them
+    for the next prompt unless they are over four times what it needs (and over 4 * MIN_CAPACITY rows)."""
 
     MIN_CAPACITY = 256
 
@@ -222,11 +223,16 @@ class Eagle3Cache:
         again) mid-prompt. Buffers over four times that are dropped for smaller ones: a long prompt must not
         leave every later pass attending over (masked) rows it will never use."""
         self.set_length(0)
-        if rows_expected and self.capacity > 4 * max(rows_expected, self.MIN_CAPACITY):
+        if rows_expected > 0 and self.capacity > 4 * max(rows_expected, self.MIN_CAPACITY):
             shape = (self.buffer_k.shape[0], self.scratch, self.buffer_k.shape[2])  # no room: `reserve` makes it
             self.buffer_k, self.buffer_v = self.buffer_k.new_zeros(shape), self.buffer_v.new_zeros(shape)
             self.moved = True
         self.reserve(rows_expected)
+
+    def take_moved(self) -> bool:
+        """Whether the buffers were replaced since the last call (graphs on the old ones are to be dropped)."""
+        moved, self.moved = self.moved, False
+        return moved
 
     def set_length(self, length: int) -> None:
         self.length = length
@@ -235,7 +241,7 @@ class Eagle3Cache:
     def reserve(self, rows: int, scratch: int | None = None, keep: int = 0) -> None:
         """Room for `rows` more cached rows, and `scratch` expansion rows (None: as many as now). New buffers
         keep the cache's rows and the `keep` rows after them (a chain's fed tail)."""
-        need, scratch = self.length + rows, self.scratch if scratch is None else scratch
+        need, scratch, keep = self.length + rows, self.scratch if scratch is None else scratch, max(keep, 0)
         if need <= self.capacity and scratch == self.scratch:
             return
         capacity = self.capacity if need <= self.capacity else max(need, 2 * self.capacity, self.MIN_CAPACITY)

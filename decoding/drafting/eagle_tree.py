@@ -37,10 +37,8 @@ def dynamic_tree(drafter: Eagle3Drafter, cache: Eagle3Cache, h_last: torch.Tenso
     as `expand` (`compiled_expansion`) or `expand_tree`."""
     k = min(top_k, drafter.spec.draft_vocab_size)
     cache.reserve(0, scratch=depth * k)
-    if cache.moved:  # new buffers: a graph reading the old ones is dropped (a regrowth, not a recapture bug)
-        cache.moved = False
-        if graphs is not None:
-            graphs.forget()
+    if cache.take_moved() and graphs is not None:  # a graph on old buffers goes (a regrowth, not a recapture bug)
+        graphs.forget()
     keep = min(total_tokens - 1, k + depth * k * k)  # the pool's size, known on the host
     inputs = {"h_last": h_last}
     constants = {"keys": cache.buffer_k, "values": cache.buffer_v, "length": cache.length_t, "drafter": drafter,

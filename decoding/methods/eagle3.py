@@ -73,6 +73,8 @@ class Eagle3(Method):
 
     def begin(self, state: DecodeState) -> None:
         self.cache.clear(len(state.prompt_ids) + state.max_new_tokens)
+        if self.cache.take_moved():  # resized for this prompt: the old buffers' graph (and memory) goes now
+            self.graphs.forget()
         self.passes = 0
 
     def on_prefill(self, state: DecodeState, output: ForwardOutput) -> None:

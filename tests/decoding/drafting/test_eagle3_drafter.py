@@ -260,8 +260,7 @@ def test_the_sd_chain_drafts_the_argmax_path_past_leftovers_and_reads_nothing_on
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="a CUDA graph needs a GPU")
 def test_on_a_gpu_the_tree_and_the_chain_replay_from_real_cuda_graphs_as_eager():
     """Real captures (the CPU tests emulate them): the tree's expansion and the sd chain, captured once and
-    replayed over several steps whose cache grows in place, give the eager tensors, and growing the buffer
-    past its capacity drops the graph for a new one."""
+    replayed over several steps whose cache grows in place (within its buffer), give the eager tensors."""
     from decoding.drafting.eagle3_chain import draft_chain
     from decoding.engine.cuda_graph import GraphReplayer
     from decoding.engine.sampling import Sampler

@@ -59,7 +59,7 @@ def test_graph_replayed_tree_drafts_as_eager_with_one_capture_per_buffer(tiny_ta
     from decoding.drafting.eagle3_drafter import Eagle3Cache
     from decoding.engine import cuda_graph
 
-    monkeypatch.setattr(Eagle3Cache, "MIN_CAPACITY", 8)  # so the cache grows within these prompts
+    monkeypatch.setattr(Eagle3Cache, "MIN_CAPACITY", 8)  # so these prompts need buffers of different sizes
     folder = tiny_eagle3(tiny_target, tmp_path / "eagle3")
     config = Eagle3Config(drafter=folder, **config)
     eager = Eagle3(config)
@@ -115,7 +115,7 @@ def test_compiled_expansion_drafts_as_eager_and_compiles_once_as_the_cache_grows
     from decoding.drafting.eagle3_drafter import Eagle3Cache
     from decoding.engine import cuda_graph
 
-    monkeypatch.setattr(Eagle3Cache, "MIN_CAPACITY", 8)  # so the cache grows within these prompts
+    monkeypatch.setattr(Eagle3Cache, "MIN_CAPACITY", 8)  # so these prompts need buffers of different sizes
     folder = tiny_eagle3(tiny_target, tmp_path / "eagle3")
     eager, fast = (Eagle3(Eagle3Config(drafter=folder, total_tokens=12, depth=3, top_k=3, compile=on)) for on in
                    (False, True))
@@ -282,15 +282,15 @@ def test_the_sd_chain_after_slim_settled_tokens_is_the_argmax_path_after_them(ti
 
 @pytest.mark.parametrize("method_name", ["sd", "via_sd"])
 def test_the_eagle3_chain_from_its_cuda_graph_drafts_as_eager(tiny_target, tmp_path, monkeypatch, method_name):
-    """drafter=eagle3 on CUDA replays each draft's chain from a CUDA graph (drafter.cuda_graph), one per branch
-    (T = 0, T > 0) and cache buffer; emulated here, with the setup made to ask for graphs as on a GPU. The same
+    """drafter=eagle3 on CUDA replays each draft's chain from a CUDA graph (drafter.cuda_graph), one per
+    temperature, γ and cache buffer; emulated here, with the setup made to ask for graphs as on a GPU. The same
     drafts, distributions and tokens as eager drafting at T = 0 and T = 1, also where VIA-SD's slim tier
     settles tokens that the drafter feeds on its own states (rows kept in the buffer past the cache's)."""
     from decoding.drafting.eagle3_drafter import Eagle3Cache
     from decoding.engine import cuda_graph
     from decoding.methods.sd import SDConfig, SpeculativeDecoding
 
-    monkeypatch.setattr(Eagle3Cache, "MIN_CAPACITY", 8)  # so the cache grows within these prompts
+    monkeypatch.setattr(Eagle3Cache, "MIN_CAPACITY", 8)  # so these prompts need buffers of different sizes
     real = cuda_graph.graphs_for
 
     def build(graphed):
