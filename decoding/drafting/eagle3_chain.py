@@ -20,8 +20,7 @@ import torch
 
 from decoding.drafting.eagle3_drafter import fitted_embeddings, load_eagle3
 from decoding.engine import cuda_graph
-from decoding.engine.argmax import row_argmax
-from decoding.engine.sampling import Sampler, categorical, probabilities
+from decoding.engine.sampling import ChainDraws, Sampler, probabilities
 from decoding.engine.transfer import to_device, to_host
 
 
@@ -134,8 +133,8 @@ def draft_chain(h, uniforms, keys, values, past, scratch_at: int, drafter, embed
                 temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
     """γ drafts after the buffer's first `past` rows (a device scalar) from their last h [1, H], at fixed shapes
     and with no host read (so a CUDA graph can hold it): each the argmax (T = 0) or an inverse-CDF draw with its
-    uniform (T > 0) over the draft vocabulary, fed back with its own h; draft i's row is written at
-    scratch_at + i and sees the past and the drafts before it (the buffer's rows between `past` and
+    uniform (T > 0) over the draft vocabulary (`ChainDraws`), fed back with its own h; draft i's row is written
+    at scratch_at + i and sees the past and the drafts before it (the buffer's rows between `past` and
     `scratch_at` masked out). Returns the drafts' target ids [γ] and their rows [γ, V_draft]: the logits at
     T = 0, the distributions drawn from at T > 0."""
     device = h.device
@@ -143,17 +142,10 @@ def draft_chain(h, uniforms, keys, values, past, scratch_at: int, drafter, embed
     passes = gamma - 1  # pass i's row (draft i fed back) sees the past, the drafts' rows before it and itself
     visible = torch.cat([(torch.arange(scratch_at, device=device) < past).expand(passes, scratch_at),
                          torch.ones(passes, passes, dtype=torch.bool, device=device).tril()], dim=1)
-    picks, rows = [], []
+    draws, tokens = ChainDraws(None, gamma, temperature, uniforms), []
     for i in range(gamma):
-        logits = drafter.logits(h)[0]
-        if temperature > 0:
-            rows.append(probabilities(logits, temperature))
-            picks.append(categorical(rows[-1], uniforms[i]))
-        else:
-            rows.append(logits)
-            picks.append(row_argmax(logits))
+        tokens.append(draft_to_target.index_select(0, draws.pick(drafter.logits(h)[0]).view(1)))
         if i < passes:
-            h, _, _ = drafter.step(embed(draft_to_target.index_select(0, picks[-1].view(1))), h,
-                                   positions[i:i + 1], keys, values, visible[i:i + 1, :scratch_at + i + 1],
-                                   write_at=scratch_at + i)
-    return draft_to_target.index_select(0, torch.stack(picks)), torch.stack(rows)
+            h, _, _ = drafter.step(embed(tokens[-1]), h, positions[i:i + 1], keys, values,
+                                   visible[i:i + 1, :scratch_at + i + 1], write_at=scratch_at + i)
+    return torch.cat(tokens), torch.stack(draws.rows)

@@ -167,14 +167,14 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(n, self.kv_heads, self.head_dim).transpose(0, 1)
         if write_at is None:
             keys, values = torch.cat([past_k, k], dim=1), torch.cat([past_v, v], dim=1)
+            seen_k, seen_v = keys, values
         else:
             past_k[:, write_at:write_at + n].copy_(k)
             past_v[:, write_at:write_at + n].copy_(v)
-            keys, values = past_k[:, :write_at + n], past_v[:, :write_at + n]
-        attn_mask = None if mask is None else mask[None, None]
-        out = grouped_attention(q[None], keys[None], values[None], attn_mask)
-        if write_at is not None:
             keys, values = past_k, past_v
+            seen_k, seen_v = past_k[:, :write_at + n], past_v[:, :write_at + n]
+        attn_mask = None if mask is None else mask[None, None]
+        out = grouped_attention(q[None], seen_k[None], seen_v[None], attn_mask)
         return self.o_proj(out[0].transpose(0, 1).reshape(n, -1)), keys, values
 
 

@@ -98,11 +98,16 @@ class ChainDraws:
     the drafter loops over a whole vocabulary (decoding/drafting/drafter.py, eagle3_chain.py); the Domino
     chain, whose rows are small, draws by Gumbel-max instead (`gumbel`)."""
 
-    def __init__(self, sampler: Sampler, length: int, temperature: float):
+    def __init__(self, sampler: Sampler | None, length: int, temperature: float,
+                 uniforms: torch.Tensor | None = None):
+        """`uniforms`: the chain's [length] float64 draws, made beforehand (inside a CUDA graph they are its
+        input, `eagle3_chain.draft_chain`; no sampler then); else drawn here from `sampler`."""
         self.sampler, self.temperature = sampler, temperature
         self.sampled = temperature > 0
+        if self.sampled and uniforms is None:
+            uniforms = sampler.uniform(length, torch.float64)
         # one draw for the chain, its 0-dim views made at once (not one index per position)
-        self.uniforms = sampler.uniform(length, torch.float64).unbind(0) if self.sampled else None
+        self.uniforms = uniforms.unbind(0) if self.sampled else None
         self.rows: list[torch.Tensor] = []  # the distributions (T > 0) or the logits (T = 0)
 
     def pick(self, logits: torch.Tensor) -> torch.Tensor:
@@ -111,7 +116,9 @@ class ChainDraws:
             self.rows.append(logits)
             return row_argmax(logits)
         self.rows.append(probabilities(logits, self.temperature))
-        return self.sampler.categorical(self.rows[-1], self.uniforms[len(self.rows) - 1])
+        if self.sampler is not None:
+            self.sampler.check(self.rows[-1])
+        return categorical(self.rows[-1], self.uniforms[len(self.rows) - 1])
 
     def distributions(self, needed: bool = True) -> torch.Tensor | None:
         """[n, V]: the rows the draws came from (T > 0; T = 0: the T = 1 softmax of the logits, or None
