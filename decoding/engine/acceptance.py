@@ -26,7 +26,8 @@ copy per step, whatever the tree's size.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import torch
 
@@ -40,6 +41,8 @@ from decoding.engine.tree import TokenTree
 class Verdict:
     path: list[int]  # accepted node indices, starting with the root (0)
     bonus: int  # token sampled from the target at the last accepted node
+    # the host values of the tensors a rule was asked to read along (`also`): read in its own copy
+    reads: list[list] = field(default_factory=list)
 
     @property
     def num_accepted(self) -> int:
@@ -47,29 +50,34 @@ class Verdict:
         return len(self.path) - 1
 
 
-def accept_greedy(tree: TokenTree, logits: torch.Tensor) -> Verdict:
-    best = row_argmax(logits[: len(tree)]).tolist()  # one host sync for the whole tree
+def accept_greedy(tree: TokenTree, logits: torch.Tensor, also: Sequence[torch.Tensor] = ()) -> Verdict:
+    """`also`: further device tensors to bring to the host in the same copy (`Verdict.reads`): what a method
+    reads from the forward besides the verdict (loop.Proposal.reads), without a second sync."""
+    best, *reads = to_host(row_argmax(logits[: len(tree)]), *also)  # one host sync for the whole tree
     tokens, children = tree.tokens, tree.children
     node, path = 0, [0]
     while True:
         nxt = next((c for c in children[node] if tokens[c] == best[node]), None)
         if nxt is None:
-            return Verdict(path, best[node])
+            return Verdict(path, best[node], reads)
         node = nxt
         path.append(node)
 
 
-def accept_sampling(tree: TokenTree, logits: torch.Tensor, temperature: float, sampler: Sampler) -> Verdict:
-    return accept_against(tree, probabilities(logits[: len(tree)], temperature), sampler)
+def accept_sampling(tree: TokenTree, logits: torch.Tensor, temperature: float, sampler: Sampler,
+                    also: Sequence[torch.Tensor] = ()) -> Verdict:
+    return accept_against(tree, probabilities(logits[: len(tree)], temperature), sampler, also)
 
 
 DETERMINISTIC, SAMPLED_CHILD, SAMPLED_SIBLINGS = 0, 1, 2
 
 
-def accept_against(tree: TokenTree, probs: torch.Tensor, sampler: Sampler) -> Verdict:
+def accept_against(tree: TokenTree, probs: torch.Tensor, sampler: Sampler,
+                   also: Sequence[torch.Tensor] = ()) -> Verdict:
     """Lossless acceptance against per-node target distributions `probs` [n_tree, V] (rows need
     not be normalised): the target model's softmax for lossless decoding, a deferral rule's
-    mixture π for speculative cascades. Each emitted token is distributed exactly as its row."""
+    mixture π for speculative cascades. Each emitted token is distributed exactly as its row.
+    `also`: as in `accept_greedy`, read in the same copy as the draws."""
     n, children, drafts = len(tree), tree.children, tree.draft_probs
     kinds = [_kind(children[i], drafts) for i in range(n)]
     chain_nodes = [i for i in range(n) if kinds[i] == SAMPLED_CHILD]
@@ -92,10 +100,10 @@ def accept_against(tree: TokenTree, probs: torch.Tensor, sampler: Sampler) -> Ve
         # drawn_nodes is never empty: a finite tree has a leaf, whose (no) children are deterministic. One
         # categorical for the draws and the residuals (on a CPU the same uniforms, in order, as two calls)
         rows_to_draw = torch.cat([probs.index_select(0, drawn_rows), residual])  # cat widens, never rounds
-        picked, flags = to_host(sampler.categorical(rows_to_draw), accepted)
+        picked, flags, *reads = to_host(sampler.categorical(rows_to_draw), accepted, *also)
         draws, resampled = dict(zip(drawn_nodes, picked)), picked[len(drawn_nodes):]
     else:
-        (draws,) = to_host(sampler.categorical(probs[:n]))  # y ~ p at every node
+        draws, *reads = to_host(sampler.categorical(probs[:n]), *also)  # y ~ p at every node
         flags = resampled = []
     chain_index = {node: j for j, node in enumerate(chain_nodes)}
     node, path = 0, [0]
@@ -104,16 +112,16 @@ def accept_against(tree: TokenTree, probs: torch.Tensor, sampler: Sampler) -> Ve
         if kind == DETERMINISTIC:
             nxt = next((c for c in children[node] if tree.tokens[c] == draws[node]), None)
             if nxt is None:
-                return Verdict(path, draws[node])
+                return Verdict(path, draws[node], reads)
         elif kind == SAMPLED_CHILD:
             j = chain_index[node]
             if not flags[j]:
-                return Verdict(path, resampled[j])
+                return Verdict(path, resampled[j], reads)
             nxt = children[node][0]
         else:
             nxt, residual_p = _try_sampled_siblings(tree, children[node], probs[node].float(), sampler)
             if nxt is None:
-                return Verdict(path, int(sampler.categorical(residual_p)))
+                return Verdict(path, int(sampler.categorical(residual_p)), reads)
         node = nxt
         path.append(node)
 

@@ -9,6 +9,7 @@ verification is not a single target forward (a separate drafter model, a slim ve
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -19,12 +20,15 @@ from decoding.engine.acceptance import Verdict, accept_greedy, accept_sampling
 from decoding.engine.metrics import GenerationStats
 from decoding.engine.sampling import Sampler
 from decoding.engine.target import ForwardOutput, TargetModel
-from decoding.engine.transfer import synchronize
+from decoding.engine.transfer import synchronize, to_host
 from decoding.engine.tree import TokenTree
 
 
 class ContextLimitError(ValueError):
     """The request does not fit the model's usable context (one line for the user)."""
+
+
+Reads = Callable[[ForwardOutput], Sequence[torch.Tensor]]  # Proposal.reads
 
 
 @dataclass
@@ -33,13 +37,18 @@ class Proposal:
     auxiliary rows in the same forward that are not verified (e.g. Lookahead's Jacobi window or
     PTD's growing draft tree). Aux rows sit after the tree rows; `aux_depths` are position offsets
     from the root, `aux_visible` [n_aux, n_tree + n_aux] says which rows each aux row attends to
-    (tree rows never see aux rows)."""
+    (tree rows never see aux rows).
+
+    `reads(output)`: the device tensors a method needs on the host from this forward (the argmax of its
+    aux rows, their top-k), taken in the acceptance's own device->host copy (`StepResult.reads`): a step
+    of a single-forward method then syncs with the host once, however many rows ride along."""
 
     tree: TokenTree
     aux_tokens: list[int] = field(default_factory=list)
     aux_depths: list[int] = field(default_factory=list)
     aux_visible: np.ndarray | None = None  # host bool array (AuxRows.visible)
     hidden_layers: tuple[int, ...] = ()
+    reads: Reads | None = None
 
 
 @dataclass
@@ -49,8 +58,10 @@ class StepResult:
     output: ForwardOutput  # logits/hidden of all block rows (tree rows, then aux rows)
     committed: list[int]  # tokens committed this step (accepted drafts + bonus, after stopping)
 
-    def aux_logits(self) -> torch.Tensor:
-        return self.output.logits[len(self.proposal.tree) :]
+    @property
+    def reads(self) -> list[list]:
+        """The host values of `Proposal.reads(output)`, in its order."""
+        return self.verdict.reads
 
 
 class DecodeState:
@@ -163,10 +174,11 @@ def forward_proposal(target: TargetModel, proposal: Proposal, pending: list[int]
                          {k: v[:n_pend] for k, v in out.hidden.items()})
 
 
-def accept(state: DecodeState, tree: TokenTree, logits: torch.Tensor) -> Verdict:
+def accept(state: DecodeState, tree: TokenTree, logits: torch.Tensor, also: Sequence[torch.Tensor] = ()) -> Verdict:
+    """The lossless rule of the state's temperature; `also`: tensors read to the host in the same copy."""
     if state.greedy:
-        return accept_greedy(tree, logits)
-    return accept_sampling(tree, logits, state.temperature, state.sampler)
+        return accept_greedy(tree, logits, also)
+    return accept_sampling(tree, logits, state.temperature, state.sampler, also)
 
 
 def verify(state: DecodeState, proposal: Proposal, decide=None, record: bool = True) -> StepResult:
@@ -179,7 +191,13 @@ def verify(state: DecodeState, proposal: Proposal, decide=None, record: bool = T
     prefix_len = target.cache_len
     pending = state.pending
     output = forward_proposal(target, proposal, pending)
-    verdict = (decide or (lambda tree, logits: accept(state, tree, logits)))(proposal.tree, output.logits)
+    also = proposal.reads(output) if proposal.reads is not None else ()
+    if decide is None:
+        verdict = accept(state, proposal.tree, output.logits, also)
+    else:
+        verdict = decide(proposal.tree, output.logits)
+        if also:  # a lossy rule reads on its own: the method's reads take a copy of their own
+            verdict.reads = to_host(*also)
     target.keep_rows(prefix_len, list(range(len(pending))) + [len(pending) + i for i in verdict.path])
     tree = proposal.tree
     drafted = [tree.tokens[i] for i in verdict.path[1:]]

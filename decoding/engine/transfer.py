@@ -37,15 +37,23 @@ def synchronize(device: torch.device | str) -> None:
 
 def to_host(*tensors: torch.Tensor) -> list[list]:
     """Several small device tensors as Python lists with ONE device->host copy (a host sync on a GPU).
-    Integer tensors come back as ints (exact below 2**53), floating ones as floats; each is flattened."""
+    Integer tensors come back as ints, floating ones as floats; each is flattened. Ints are exact at any size
+    when every tensor is int64 (token ids), below 2**53 when dtypes are mixed (they meet in float64)."""
     if not tensors:
         return []
     if len(tensors) == 1:  # no packing needed: one copy as it is
         values = tensors[0].reshape(-1).tolist()
         return [list(map(int, values)) if tensors[0].dtype == torch.bool else values]
+    flats = [t.reshape(-1) for t in tensors]
+    if all(t.dtype == torch.long for t in tensors):  # token ids only (argmax rows, top-k ids): no conversion
+        values, out, start = torch.cat(flats).tolist(), [], 0
+        for flat in flats:
+            end = start + flat.shape[0]
+            out.append(values[start:end])
+            start = end
+        return out
     # the first one in float64 makes torch.cat promote the others to it: one conversion, one copy; numpy
     # then turns each part back into ints or floats faster than Python's int() per value
-    flats = [t.reshape(-1) for t in tensors]
     values = torch.cat([flats[0].to(torch.float64), *flats[1:]]).numpy(force=True)  # detached, on the host
     out, start = [], 0
     for t, flat in zip(tensors, flats):

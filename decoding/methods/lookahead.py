@@ -18,11 +18,12 @@ and renormalising, with a residual sample if none is accepted (lossless).
 
 from __future__ import annotations
 
+import functools
 import random
 from dataclasses import dataclass
 
 from decoding.engine.argmax import row_argmax
-from decoding.engine.aux_rows import AuxRows
+from decoding.engine.aux_rows import AuxLayout, AuxRows
 from decoding.engine.loop import DecodeState, Method, Proposal, StepResult
 from decoding.drafting.ngram_pool import NGramPool, bigram_redundancy, candidate_tree, record_redundancy
 from decoding.engine.tree import TokenTree
@@ -63,24 +64,20 @@ class Lookahead(Method):
         return len(self.levels) == self.config.ngram_size - 1
 
     def propose(self, state: DecodeState) -> Proposal:
-        aux = AuxRows()
-        block0 = aux.add_chain(self.levels[0], 1)  # root + level 0: causal
-        columns: list[list[int]] = [[] for _ in range(len(self.levels[0]) + 1)]
-        for level_index, level in enumerate(self.levels[1:], start=1):
-            for i, tok in enumerate(level):
-                row = aux.add(tok, level_index + i, [*block0[:i], *columns[i]])
-                columns[i].append(row)
-        self._last_level_rows = (len(aux) - len(self.levels[-1]), len(aux))
+        layout = window_layout(tuple(map(len, self.levels)))
         tree = TokenTree.root_only(state.root)
         if self.warm and self.config.guess_set_size > 0:
             tree = candidate_tree(state.root, self.pool.get(state.root))
-        state.stats.add_extra("forward_rows", len(tree) + len(aux))
-        return aux.proposal(tree)
+        n_rows = len(tree) + len(layout.depths)
+        state.stats.add_extra("forward_rows", n_rows)
+        last_level = slice(n_rows - len(self.levels[-1]), n_rows)
+        # one Jacobi iteration: the last level's argmax (also at T > 0), read with the acceptance's copy
+        return layout.proposal(tree, [tok for level in self.levels for tok in level],
+                               reads=lambda output: (row_argmax(output.logits[last_level]),))
 
     def observe(self, state: DecodeState, result: StepResult) -> None:
         cfg = self.config
-        start, end = self._last_level_rows
-        new = row_argmax(result.aux_logits()[start:end]).tolist()  # one Jacobi iteration (argmax, also at T>0)
+        (new,) = result.reads  # the last level's argmax (propose)
         if not self.warm:
             # warm-up: every level moves one column left; the new level keeps len(level 0) + 1 columns
             self.levels = [lv[1:] for lv in self.levels]
@@ -101,6 +98,20 @@ class Lookahead(Method):
             for end_index in range(len(seq) - len(result.committed) + 1, len(seq) + 1):
                 if end_index >= n:
                     self.pool.add(seq[end_index - n], seq[end_index - n + 1:end_index])
+
+
+@functools.lru_cache(maxsize=64)
+def window_layout(level_lengths: tuple[int, ...]) -> AuxLayout:
+    """The window's rows for levels of these lengths, level by level (the tokens in that order): block 0 (root +
+    level 0) is causal; level l, column i sits at depth l + i and sees block 0 up to column i and column i of the
+    levels above it. One shape per warm-up step, then one for the whole generation."""
+    aux = AuxRows()
+    block0 = aux.add_chain([0] * level_lengths[0], 1)
+    columns: list[list[int]] = [[] for _ in range(level_lengths[0] + 1)]
+    for level_index, length in enumerate(level_lengths[1:], start=1):
+        for i in range(length):
+            columns[i].append(aux.add(0, level_index + i, [*block0[:i], *columns[i]]))
+    return aux.layout()
 
 
 CONFIG = LookaheadConfig

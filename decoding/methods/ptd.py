@@ -39,7 +39,7 @@ from decoding.engine.aux_rows import AuxRows
 from decoding.engine.loop import DecodeState, Method, Proposal, StepResult
 from decoding.drafting.ngram_pool import bigram_redundancy, candidate_tree, record_redundancy
 from decoding.drafting.ptd_tree import DraftForest, TriePool, graft_tree
-from decoding.engine.transfer import to_device, to_host
+from decoding.engine.transfer import to_device
 from pipeline.errors import check_choice, check_range
 
 SEED_MODES = ("stochastic", "context")
@@ -107,7 +107,7 @@ class PTD(Method):
             branches = [tokens for _, tokens in self.pool.branches(state.root)]
             tree = candidate_tree(state.root, branches, cfg.verification_budget)
         state.stats.add_extra("forward_rows", len(tree) + len(aux))
-        return aux.proposal(tree)
+        return aux.proposal(tree, reads=lambda output: self.forward_reads(output, len(tree)))
 
     def plant_seeds(self, state: DecodeState) -> None:
         """Stochastic seeds fill free subtree slots once; context seeds are re-derived for every
@@ -174,18 +174,17 @@ class PTD(Method):
         # redundancy over everything this forward drafted: the recycled edges and the forest's
         record_redundancy(state.stats, *bigram_redundancy([], drafted))
 
-    def read_forward(self, result: StepResult):
-        """What this step needs from the forward, with one host->device index copy and one
-        device->host copy: every row's top-`width` next tokens (the tree rows' are recycled, the
-        forest leaves' expand the forest, with their log-probabilities) and the forest edges'
-        log-probabilities under the new root. Log-probabilities only for the forest's rows (one
-        log-softmax over them, none over the tree rows). Returns (recycled
-        tokens per tree row, edge log-probabilities in forest order, {leaf: [(token, logp)] best first})."""
+    def forward_reads(self, output, n_tree: int) -> list[torch.Tensor]:
+        """What this step needs from the forward (`Proposal.reads`: read to the host in the acceptance's copy,
+        with one host->device index copy): every row's top-`width` next tokens (the tree rows' are recycled,
+        the forest leaves' expand the forest, with their log-probabilities) and the forest edges'
+        log-probabilities under the new root. Log-probabilities only for the forest's rows (one log-softmax
+        over them, none over the tree rows)."""
         cfg, forest = self.config, self.forest
-        n_tree, n_forest, w = len(result.proposal.tree), len(forest), cfg.width
+        n_forest, w = len(forest), cfg.width
         if not cfg.recycle and not n_forest:
-            return [], [], {}
-        logits = result.output.logits[:n_tree + n_forest]
+            return []
+        logits = output.logits[:n_tree + n_forest]
         top = torch.topk(logits, w, dim=-1)  # the most probable next tokens: log-softmax keeps the order
         reads = [top.indices]
         if n_forest:
@@ -196,7 +195,16 @@ class PTD(Method):
                 vocab = logp.shape[-1]
                 flat = to_device([n.parent * vocab + n.token for n in kids], logits.device)
                 reads.append(logp.view(-1).index_select(0, flat))
-        ids, *values = to_host(*reads)
+        return reads
+
+    def read_forward(self, result: StepResult):
+        """`forward_reads`' host values (`result.reads`) unpacked: (recycled tokens per tree row, edge
+        log-probabilities in forest order, {leaf: [(token, logp)] best first})."""
+        cfg, forest = self.config, self.forest
+        n_tree, n_forest, w = len(result.proposal.tree), len(forest), cfg.width
+        if not result.reads:
+            return [], [], {}
+        ids, *values = result.reads
         recycled = [ids[r * w:(r + 1) * w] for r in range(n_tree)] if cfg.recycle else []
         proposals, edges = {}, []
         if n_forest:

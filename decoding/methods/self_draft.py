@@ -18,6 +18,7 @@ Candidates are verified by the engine exactly like Lookahead's (lossless at T=0 
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Optional
 
 from decoding.engine.argmax import row_argmax
-from decoding.engine.aux_rows import AuxRows
+from decoding.engine.aux_rows import AuxLayout, AuxRows
 from decoding.engine.loop import DecodeState, Method, Proposal, StepResult
 from decoding.drafting.ngram_pool import CorpusNGrams, NGramPool, bigram_redundancy, candidate_tree, record_redundancy
 from decoding.engine.tree import TokenTree
@@ -138,24 +139,15 @@ class SelfDraft(Method):
     def warm(self) -> bool:
         return len(self.levels) == self.config.branch_len - 2
 
-    def column_prefix_lengths(self) -> list[int]:
-        lengths = [len(a) for a in self.prefixes]
-        return [0, *lengths] if self.levels else lengths
-
     def propose(self, state: DecodeState) -> Proposal:
-        aux = AuxRows()
-        prefix_rows = [aux.add_chain(a, 1) for a in self.prefixes]
-        columns = [[], *prefix_rows] if self.levels else prefix_rows
-        offsets = self.column_prefix_lengths()
-        self.column_rows = [list(rows) for rows in columns]
-        for level_index, level in enumerate(self.levels, start=1):
-            for c, tok in enumerate(level):
-                self.column_rows[c].append(aux.add(tok, offsets[c] + level_index, self.column_rows[c]))
+        layout, self.column_rows = branch_layout(tuple(map(len, self.prefixes)), tuple(map(len, self.levels)))
         tree = TokenTree.root_only(state.root)
         if self.warm:
             tree = candidate_tree(state.root, self.candidates(state.sequence))
-        state.stats.add_extra("forward_rows", len(tree) + len(aux))
-        return aux.proposal(tree)
+        state.stats.add_extra("forward_rows", len(tree) + len(layout.depths))
+        tokens = [tok for row in (*self.prefixes, *self.levels) for tok in row]  # the layout's order
+        # the argmax of every row (also at T > 0), read in the acceptance's host copy
+        return layout.proposal(tree, tokens, reads=lambda output: (row_argmax(output.logits),))
 
     def candidates(self, sequence: list[int]) -> list[tuple[int, ...]]:
         cfg = self.config
@@ -167,7 +159,7 @@ class SelfDraft(Method):
         return found
 
     def observe(self, state: DecodeState, result: StepResult) -> None:
-        best = row_argmax(result.output.logits).tolist()  # argmax of every row, one host copy (also at T > 0)
+        (best,) = result.reads  # the argmax of every row (propose)
         out, root_next = best[len(result.proposal.tree):], best[0]
         if not self.levels:  # first step: level 1 = the prediction after each prefix
             self.levels = [[out[rows[-1]] for rows in self.column_rows]]
@@ -209,6 +201,24 @@ class SelfDraft(Method):
             self.cache.add(extended[i], (*extended[i + 1:nxt], last))
         self.text_mark = len(text)
         record_redundancy(state.stats, *bigram_redundancy(branches))
+
+
+@functools.lru_cache(maxsize=256)
+def branch_layout(prefix_lengths: tuple[int, ...],
+                  level_lengths: tuple[int, ...]) -> tuple[AuxLayout, tuple[tuple[int, ...], ...]]:
+    """The branches' rows (the prefixes' tokens, then the levels', in that order) and each column's rows: every
+    prefix is a causal chain from depth 1; once levels exist, column 0 is the root's own and column c >= 1
+    continues prefix c - 1; level l of column c sits after the column's prefix and sees the rows above it. One
+    shape per prompt's prefixes and warm-up step (shared by every caller: tuples, and a read-only array)."""
+    aux = AuxRows()
+    prefix_rows = [aux.add_chain([0] * n, 1) for n in prefix_lengths]
+    columns = [[], *prefix_rows] if level_lengths else prefix_rows
+    offsets = [0, *prefix_lengths] if level_lengths else list(prefix_lengths)
+    column_rows = [list(rows) for rows in columns]
+    for level_index, length in enumerate(level_lengths, start=1):
+        for c in range(length):
+            column_rows[c].append(aux.add(0, offsets[c] + level_index, column_rows[c]))
+    return aux.layout(), tuple(map(tuple, column_rows))
 
 
 CONFIG = SelfDraftConfig

@@ -20,12 +20,13 @@ def reads(method, target, temperature) -> dict:
                       seed=1, top=20)
 
 
-# device->host reads allowed per step: drafting (one copy of the drafted tokens) + acceptance (one) +
-# what the method reads back from the forward (PTD: one). Before: Domino ~32 per step (per-position
-# int(argmax) and a host tensor per token), PTD one per forest node, VIA-SD 4-6 per position,
-# sampling acceptance 2-3 per child.
-BOUNDS = {"ar": 1, "pld": 1, "lookahead": 2, "self_draft": 2, "ptd": 2, "sd": 2, "spec_cascade": 2, "via_sd": 3,
-          "via_sd_eagle3": 3, "sd_slim": 2, "eagle3": 2,
+# device->host reads allowed per step: drafting (one copy of the drafted tokens) + acceptance (one, which
+# also brings what a method reads back from the forward's rows: Proposal.reads). Before: Domino ~32 per step
+# (per-position int(argmax) and a host tensor per token), PTD one per forest node, then one beside the
+# acceptance's (as Lookahead and Self-Draft, until 2026-12-07), VIA-SD 4-6 per position, sampling acceptance
+# 2-3 per child.
+BOUNDS = {"ar": 1, "pld": 1, "lookahead": 1, "self_draft": 1, "ptd": 1, "ptd_forest": 1, "sd": 2, "spec_cascade": 2,
+          "via_sd": 3, "via_sd_eagle3": 3, "sd_slim": 2, "eagle3": 2,
           "dflash": 2, "ddtree": 2, "caddtree": 2, "domino": 2}
 
 

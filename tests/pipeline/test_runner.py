@@ -141,10 +141,10 @@ def test_a_real_divergence_is_named_in_a_warning(tiny_model_dirs, tmp_path, monk
     import decoding.engine.loop as engine
     from decoding.engine.acceptance import Verdict, accept_greedy
 
-    def keeps_a_rejected_draft(tree, logits):
-        verdict = accept_greedy(tree, logits)
+    def keeps_a_rejected_draft(tree, logits, also=()):
+        verdict = accept_greedy(tree, logits, also)
         if tree.children[0] and not verdict.num_accepted:
-            return Verdict([0, tree.children[0][0]], verdict.bonus)
+            return Verdict([0, tree.children[0][0]], verdict.bonus, verdict.reads)
         return verdict
 
     monkeypatch.setattr(engine, "accept_greedy", keeps_a_rejected_draft)

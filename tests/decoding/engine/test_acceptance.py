@@ -140,3 +140,36 @@ def test_a_sampled_chain_takes_its_draws_as_two_separate_calls_would(dtype):
         rejected = next((i for i in range(gamma) if not accepted[i]), None)
         want = (list(range(gamma + 1)), leaf) if rejected is None else (list(range(rejected + 1)), resampled[rejected])
         assert (got.path, got.bonus) == want
+
+
+@pytest.mark.parametrize("rule", ["greedy", "deterministic tree", "sampled chain"])
+def test_what_a_method_reads_along_comes_back_in_the_verdicts_copy_and_changes_no_draw(rule, monkeypatch):
+    """`also` (Proposal.reads): further tensors read to the host in the acceptance's one copy. Their values
+    come back exactly (ints and floats, in order), the verdict is the one without them (the same uniforms),
+    and the acceptance still makes one device->host copy (`to_host` called once)."""
+    from decoding.engine import acceptance
+    from decoding.engine.acceptance import accept_against
+
+    gen = torch.Generator().manual_seed(5)
+    logits = torch.randn(4, V, generator=gen) * 2
+    also = (logits.argmax(-1), torch.log_softmax(logits, -1)[:, :2])
+    if rule == "sampled chain":
+        q = torch.softmax(torch.randn(3, V, generator=gen), -1)
+        tree = TokenTree.chain(0, [1, 2, 3], list(q))
+    else:
+        tree = TokenTree.from_sequences(0, [[1, 2], [3]])  # nodes 0, 1, 2, 3: four rows
+
+    def run(extra, seed):
+        if rule == "greedy":
+            return accept_greedy(tree, logits, extra)
+        return accept_against(tree, torch.softmax(logits, -1), Sampler(seed), extra)
+
+    copies = []
+    real = acceptance.to_host
+    monkeypatch.setattr(acceptance, "to_host", lambda *t: copies.append(len(t)) or real(*t))
+    for seed in range(20):
+        plain, along = run((), seed), run(also, seed)
+        assert (along.path, along.bonus) == (plain.path, plain.bonus) and plain.reads == []
+        assert along.reads[0] == also[0].tolist()
+        assert along.reads[1] == pytest.approx(also[1].reshape(-1).tolist(), abs=0)
+    assert copies == [1, 3] * 20 if rule != "sampled chain" else copies == [2, 4] * 20

@@ -122,10 +122,10 @@ def test_in_bf16_a_method_that_keeps_a_rejected_draft_is_caught_as_a_divergence(
     from decoding.engine.acceptance import Verdict, accept_greedy
     from pipeline.zoo import build_method
 
-    def keeps_a_rejected_draft(tree, logits):
-        verdict = accept_greedy(tree, logits)
+    def keeps_a_rejected_draft(tree, logits, also=()):
+        verdict = accept_greedy(tree, logits, also)
         if tree.children[0] and not verdict.num_accepted:
-            return Verdict([0, tree.children[0][0]], verdict.bonus)
+            return Verdict([0, tree.children[0][0]], verdict.bonus, verdict.reads)
         return verdict
 
     target, folder = bf16_zoo

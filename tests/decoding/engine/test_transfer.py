@@ -14,6 +14,16 @@ def test_to_host_packs_ints_and_floats_in_one_copy():
     assert ids == [3, 4] and all(isinstance(i, int) for i in ids) and values == [0.5, -1.25]
 
 
+def test_to_host_packs_token_ids_in_one_copy_without_a_float_round_trip():
+    """Integer ids alone are concatenated as they are (no float64 conversion): the values above 2**53 that a
+    float64 would round come back exact, each part in its own list, in order."""
+    big = 2**53 + 1
+    first, second, third = to_host(torch.tensor([[3, big]]), torch.tensor([], dtype=torch.long), torch.tensor([7]))
+    assert (first, second, third) == ([3, big], [], [7])
+    ids, flags = to_host(torch.tensor([1, 2]), torch.tensor([True, False]))  # mixed dtypes: the packed path
+    assert (ids, flags) == ([1, 2], [1, 0]) and all(type(v) is int for v in ids + flags)
+
+
 def test_only_host_data_bound_for_a_gpu_goes_through_pinned_memory():
     """Only dense CPU tensors can be pinned: a mask built on the GPU (TargetModel.forward's chain mask for
     a sliding layer that returns its recorded past) crashed every drafter method on Gemma 3 on an H200

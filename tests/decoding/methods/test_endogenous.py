@@ -5,6 +5,7 @@ drafts to be accepted often."""
 
 import collections
 import random
+import zlib
 
 import pytest
 import torch
@@ -52,7 +53,9 @@ def random_prompts(n, seed):
 def test_greedy_equals_ar_over_random_prompts(name, tiny_target):
     method = METHODS[name]()
     accepted = 0
-    for i, prompt in enumerate(random_prompts(10, seed=hash(name) % 1000)):
+    # a fixed seed per method: `hash(name)` changed with every process (PYTHONHASHSEED), so each run drew other
+    # prompts, and one in many met an fp32 near-tie (AR's own recomputed logits disagreeing with its token by ~4e-6)
+    for i, prompt in enumerate(random_prompts(10, seed=zlib.crc32(name.encode()) % 1000)):
         ar = generate(AR(), tiny_target, prompt, max_new_tokens=40).new_tokens
         stop = {ar[25]} if i % 3 == 0 else set()  # sometimes stop early, exactly where AR stops
         ar_stopped = ar[: ar.index(ar[25]) + 1] if stop else ar

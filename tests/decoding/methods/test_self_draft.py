@@ -25,14 +25,16 @@ def test_columns_see_only_the_root_their_prefix_and_their_own_levels(tiny_llama)
     assert len(m.prefixes) == 2 and all(len(lv) == 3 for lv in m.levels) and len(m.levels) == 2
     proposal = m.propose(state)
     n_tree = len(proposal.tree)
-    offsets = m.column_prefix_lengths()
-    assert offsets[0] == 0
     for c, rows in enumerate(m.column_rows):
         for k, row in enumerate(rows):
             seen = [j for j in range(len(proposal.aux_tokens)) if proposal.aux_visible[row, n_tree + j]]
-            assert seen == rows[: k + 1]  # its own column only, causally
+            assert seen == list(rows[: k + 1])  # its own column only, causally
             assert proposal.aux_depths[row] == k + 1  # prefix at p+1.., then levels right after it
     assert proposal.aux_tokens[m.column_rows[1][0]] == m.prefixes[0][0]
+    # each column's rows hold its prefix (column 0: none, the root's own), then its token of every level
+    for c, rows in enumerate(m.column_rows):
+        prefix = m.prefixes[c - 1] if c else []
+        assert [proposal.aux_tokens[r] for r in rows] == [*prefix, *(lv[c] for lv in m.levels)]
 
 
 def test_prefixes_slide_along_their_column_and_levels_move_up(tiny_llama):
