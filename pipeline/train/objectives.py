@@ -86,6 +86,22 @@ def accept_length(pred: torch.Tensor, labels: torch.Tensor) -> float:
     return float(correct.sum(dim=1).float().mean()) + 1.0
 
 
+def top1_by_position(pred: torch.Tensor, labels: torch.Tensor, positions: int = 3) -> dict[str, float]:
+    """`top1_pos{k}`: how often the block's k-th draft (its k-th labelled row) is the label, over the blocks
+    that have one, whatever the drafts before it (the block drafts every position at once; EAGLE-3's
+    `top1_step{k}` is the same count for a drafter fed the true tokens). Where accept length stalls, these say
+    whether the first draft or the later ones fall short."""
+    labelled = labels >= 0
+    first = int(labelled.any(dim=0).long().argmax())  # row 0 is unlabelled unless labels are shifted
+    out = {}
+    for k in range(1, positions + 1):
+        col = first + k - 1
+        if col < labels.shape[1] and labelled[:, col].any():
+            valid = labelled[:, col]
+            out[f"top1_pos{k}"] = float((pred[valid, col] == labels[valid, col]).float().mean())
+    return out
+
+
 def dflash_loss(drafter, embed, lm_head, sample, blocks, mask_token_id) -> tuple[torch.Tensor, dict]:
     z = drafter_forward(drafter, embed, sample, blocks, mask_token_id)
     labelled = blocks.weights > 0
@@ -94,7 +110,8 @@ def dflash_loss(drafter, embed, lm_head, sample, blocks, mask_token_id) -> tuple
     with torch.no_grad():
         pred = torch.full_like(blocks.labels, -1)
         pred[labelled] = logits.argmax(-1)
-        metrics = {"loss": float(loss), "accept_len": accept_length(pred, blocks.labels)}
+        metrics = {"loss": float(loss), "accept_len": accept_length(pred, blocks.labels),
+                   **top1_by_position(pred, blocks.labels)}
     return loss, metrics
 
 
@@ -128,5 +145,6 @@ def domino_loss(drafter, embed, lm_head, sample, blocks, mask_token_id, lambda_b
         pred_base[labelled] = base[labelled].argmax(-1)
         metrics = {"loss": float(loss), "loss_final": float(loss_final), "loss_base": float(loss_base),
                    "accept_len": accept_length(pred, blocks.labels),
-                   "accept_len_base": accept_length(pred_base, blocks.labels), "lambda_base": lambda_base}
+                   "accept_len_base": accept_length(pred_base, blocks.labels), "lambda_base": lambda_base,
+                   **top1_by_position(pred, blocks.labels)}
     return loss, metrics

@@ -203,6 +203,7 @@ def compute_loss(model, embed, lm_head, sample, blocks, cfg, step):
 def validate(model, embed, lm_head, samples, cfg) -> dict:
     gen = torch.Generator().manual_seed(1234)
     totals: dict[str, float] = {}
+    counts: dict[str, int] = {}  # a metric is averaged over the answers that have it (a short one lacks top1_pos3)
     scored = 0
     for sample in samples:
         blocks = sample_blocks(sample["ids"], sample["prompt_len"], model.spec.block_size, cfg.drafter.num_anchors,
@@ -213,9 +214,10 @@ def validate(model, embed, lm_head, samples, cfg) -> dict:
         scored += 1
         for k, v in metrics.items():
             totals[k] = totals.get(k, 0.0) + v
+            counts[k] = counts.get(k, 0) + 1
     if not scored:
         log.warning("no validation answer is long enough for a %d-token block: no val/ metrics", model.spec.block_size)
-    return {f"val/{k}": v / scored for k, v in totals.items()}
+    return {f"val/{k}": v / counts[k] for k, v in totals.items()}
 
 
 def training_samples(cfg: TrainConfig, target, tokenizer, tap_layers: Optional[list[int]] = None) -> list[dict]:

@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 
 from pipeline.errors import ConfigError
 from pipeline.train.config import register_train_configs
-from pipeline.train.objectives import Blocks, block_mask, sample_blocks
+from pipeline.train.objectives import Blocks, block_mask, sample_blocks, top1_by_position
 from pathlib import Path
 
 TRAIN_CONF = str(Path(__file__).resolve().parents[2] / "conf" / "train")
@@ -51,6 +51,19 @@ def test_block_labels_follow_shift_label():
     assert shifted.labels[0].tolist() == [int(ids[a + 1]), int(ids[a + 2]), int(ids[a + 3])]
 
 
+@pytest.mark.parametrize("shift", [False, True])
+def test_top1_by_position_counts_each_draft_whatever_the_drafts_before_it(shift):
+    """The k-th draft is the k-th labelled row (row 1 without shifted labels, row 0 with them), counted over the
+    blocks that label it, also where an earlier draft was wrong (block 2's second draft)."""
+    labels = torch.tensor([[-100, 5, 6, 7], [-100, 8, 9, -100], [-100, 4, -100, -100]])
+    pred = torch.tensor([[-1, 5, 6, 0], [-1, 0, 9, -1], [-1, 4, -1, -1]])
+    if shift:  # the same blocks one row earlier (no unlabelled row 0)
+        labels, pred = labels.roll(-1, dims=1), pred.roll(-1, dims=1)
+    got = top1_by_position(pred, labels)
+    assert got == pytest.approx({"top1_pos1": 2 / 3, "top1_pos2": 1.0, "top1_pos3": 0.0})
+    assert "top1_pos2" not in top1_by_position(pred[2:], labels[2:])  # no block labels a second draft
+
+
 def test_train_both_stages_export_and_resume(tiny_model_dirs, tmp_path):
     from decoding.drafting.dflash_drafter import load_drafter
     from pipeline.train.trainer import train
@@ -65,6 +78,7 @@ def test_train_both_stages_export_and_resume(tiny_model_dirs, tmp_path):
         assert record["steps"] == 2
         # Domino's record separates the backbone alone from backbone + GRU correction
         assert ("val/accept_len_base" in record) == (kind == "domino")
+        assert 0 <= record["val/top1_pos1"] <= 1  # the first draft's agreement, for both kinds
     assert len(list((tmp_path / "data").glob("shard_*.pt"))) == 2
     # a rerun with more steps resumes from the saved state instead of starting over
     cfg = compose_train(tiny_overrides(tiny_model_dirs["llama"], tmp_path, "dflash", steps=4))
