@@ -41,7 +41,7 @@ from decoding.engine.tree import TokenTree
 class Verdict:
     path: list[int]  # accepted node indices, starting with the root (0)
     bonus: int  # token sampled from the target at the last accepted node
-    # the host values of the tensors a rule was asked to read along (`also`): read in its own copy
+    # the host values of the tensors a rule was asked to read along (`also`), from the verdict's own copy
     reads: list[list] = field(default_factory=list)
 
     @property
