@@ -415,6 +415,7 @@ def train(cfg: TrainConfig, run_config: dict, show_progress: bool = True) -> dic
                 group["lr"] = learning_rate(step, d)
             optimizer.zero_grad(set_to_none=True)
             agg: dict[str, float] = {}
+            seen: dict[str, int] = {}
             batch = []  # the sequences long enough for a block: the step averages over them alone
             for sample in map(taps, rng.sample(train_set, d.seqs_per_step)):
                 blocks = sample_blocks(sample["ids"], sample["prompt_len"], model.spec.block_size, d.num_anchors,
@@ -426,7 +427,9 @@ def train(cfg: TrainConfig, run_config: dict, show_progress: bool = True) -> dic
                     loss, metrics = compute_loss(model, embed, lm_head, sample, blocks, cfg, step)
                 (loss / len(batch)).backward()
                 for k, v in metrics.items():
-                    agg[k] = agg.get(k, 0.0) + v / len(batch)
+                    agg[k] = agg.get(k, 0.0) + v
+                    seen[k] = seen.get(k, 0) + 1
+            agg = {k: v / seen[k] for k, v in agg.items()}  # over the sequences that have it (top1_pos3 may lack)
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
             step += 1
