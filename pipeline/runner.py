@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from decoding.drafting.dflash_drafter import forget_resolved
 from decoding.engine.loop import Method
+from decoding.engine.packed_linear import pack_held_linears
 from decoding.engine.target import TargetModel
 from pipeline import provenance, table
 from pipeline.errors import named_line
@@ -46,6 +47,8 @@ def build_method(method_cfg, target: TargetModel, drafter_cfg=None) -> Method:
     cls = get_class(method_cfg._target_)
     method = cls(method_cfg, drafter=drafter_cfg) if getattr(cls, "uses_drafter", False) else cls(method_cfg)
     method.setup(target)
+    if target.packed_linears:  # the drafters it loaded run as the target does (decoding/engine/packed_linear.py)
+        pack_held_linears(method)
     return method
 
 
@@ -149,7 +152,7 @@ def run(cfg: DictConfig, run_dir: Path, show_progress: bool = True) -> dict:
         else:
             summaries = [run_one(rc, methods[0], target, examples, settings, run_dir, show_progress, tracker)]
         for summary, summary_dir in summaries:
-            summary.update(dtype=str(target.dtype).removeprefix("torch."),
+            summary.update(dtype=str(target.dtype).removeprefix("torch."), packed_linears=target.packed_linears,
                            chat_template_kwargs=dict(rc.model.chat_template_kwargs), sandbox=sandbox,
                            provenance=origin, run_dir=str(summary_dir))
             (summary_dir / "summary.json").write_text(json.dumps(summary, indent=2))

@@ -72,6 +72,7 @@ class TargetModel:
         self.config = model.config
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
+        self.packed_linears = 0  # linear layers packed for oneDNN (decoding/engine/packed_linear.py; set by the loader)
         self.num_layers = self.config.num_hidden_layers
         # The decoder layers this wrapper runs (all of them for the target; a subset for a drafter
         # made from the target's own layers, which then keeps its own cache).

@@ -44,6 +44,8 @@ def test_main_job_on_smollm2_offline(tmp_path):
 
     # the offline default is model.dtype=auto: bf16 on a CPU with native bf16 (this project's machines)
     assert summary["dtype"] == ("bfloat16" if cpu_has_native_bf16() else "float32")
+    # model.prepack_linear=null (auto): the bf16 target's linear layers packed for oneDNN, not fp32's
+    assert (summary["packed_linears"] > 0) == cpu_has_native_bf16()
     # PLD is lossless: equal to AR token for token, except at numeric near-ties in bf16 (diagnosed)
     assert summary["match_divergences"] == 0
     assert summary["match_rate"] * 2 + summary["match_ties"] == 2

@@ -132,6 +132,9 @@ def test_a_bf16_job_records_its_dtype_and_diagnoses_every_mismatch(tiny_model_di
                              "task.limit=4", "max_new_tokens=24"), tmp_path / "run", show_progress=False)
     saved = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert saved["dtype"] == "bfloat16" and saved["chat_template_kwargs"] == {}
+    from pipeline.models import cpu_has_native_bf16
+
+    assert (saved["packed_linears"] > 0) == cpu_has_native_bf16()  # model.prepack_linear=null (auto)
     assert summary["match_ties"] + summary["match_divergences"] == len(summary["mismatched_ids"])
     assert [d["id"] for d in summary["mismatch_diagnosis"]] == summary["mismatched_ids"]
     assert summary["match_divergences"] == 0 and summary["divergent_ids"] == []

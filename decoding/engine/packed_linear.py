@@ -1,0 +1,89 @@
+"""Linear layers whose weights are laid out for oneDNN once, at load, instead of at every call (CPU).
+
+Why: on a CPU, a bf16 `F.linear` runs oneDNN's matmul, which first reorders the weight into its blocked
+layout, at every call; for the one to sixteen rows of a decoding step that reorder costs more than the
+product. Measured on an AMD EPYC with `avx512_bf16`, 2 threads (2026-12-07, benchmarks/bench_packed_linear.py):
+SmolLM2-135M's LM head (49152 x 576) on one row takes 3.4-5.8 ms unpacked and 1.85 ms packed, a 576 -> 1536
+projection 73-81 us and 34 us. The packed call runs the same oneDNN kernel: in bf16 its outputs are
+bit-identical to `F.linear`'s (tests/decoding/engine/test_packed_linear.py), so packing changes speed, not
+tokens, and AR, the reference of every speedup, is packed as well.
+
+How: each `nn.Linear` instance of a loaded model (and of the drafters a method loads) is swapped for a
+`PackedLinear`, as torch.ao's `quantize_dynamic` or IPEX's `optimize` swap modules; no transformers code is
+changed. A `PackedLinear` keeps the original `weight` and `bias` parameters (tied embeddings, exit heads and
+state dicts read what they read before), so the packed weights take their memory a second time
+(`model.prepack_linear=false` turns packing off). A call that cannot use the packed weight (autograd or
+autocast on, another dtype or device, inside torch.compile) runs `F.linear` on the original weight.
+
+fp32: oneDNN's fp32 kernel is not MKL's, so packing would change fp32's rounding; `auto` packs bf16 only.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def packing_available(dtype: torch.dtype) -> bool:
+    """Whether this PyTorch build can pack a CPU linear's weight of `dtype` for oneDNN."""
+    if not hasattr(torch.ops.mkldnn, "_reorder_linear_weight") or not torch.backends.mkldnn.is_available():
+        return False
+    if dtype == torch.bfloat16:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return dtype == torch.float32
+
+
+class PackedLinear(nn.Module):
+    """An `nn.Linear` whose weight is also held in oneDNN's layout (`packed`, not a parameter or buffer)."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight, self.bias = linear.weight, linear.bias
+        # the reorder's row hint (1) only picks a layout; every row count runs on it (the decoding steps' 1-64 rows)
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), 1)
+        self.packed_dtype = linear.weight.dtype
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != self.packed_dtype or x.device.type != "cpu" or torch.is_grad_enabled() \
+                or torch.is_autocast_enabled("cpu") or torch.compiler.is_compiling():
+            return F.linear(x, self.weight, self.bias)
+        rows = x.reshape(-1, self.in_features)
+        out = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "none", [], "")
+        return out.view(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, " \
+               f"packed={self.packed_dtype}"
+
+
+def pack_linears(module: nn.Module) -> int:
+    """Swaps every CPU `nn.Linear` of `module` (exactly that class, so no subclass with its own forward) whose
+    weight dtype can be packed for a `PackedLinear`; returns how many. Packed ones are left as they are."""
+    swapped = 0
+    for parent in list(module.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.Linear and child.weight.device.type == "cpu" and packing_available(child.weight.dtype):
+                setattr(parent, name, PackedLinear(child))
+                swapped += 1
+    return swapped
+
+
+def pack_held_linears(owner, _seen: set[int] | None = None) -> int:
+    """`pack_linears` on every module `owner` holds: its attributes that are modules, and those of the engine's
+    own objects it holds (a drafter wrapper, a TargetModel), followed through lists, tuples and dicts. For a
+    method after its `setup`: its drafters' linears are packed as the target's are."""
+    seen = set() if _seen is None else _seen
+    if id(owner) in seen:
+        return 0
+    seen.add(id(owner))
+    if isinstance(owner, nn.Module):
+        return pack_linears(owner)
+    if isinstance(owner, (list, tuple)):
+        return sum(pack_held_linears(item, seen) for item in owner)
+    if isinstance(owner, dict):
+        return sum(pack_held_linears(item, seen) for item in owner.values())
+    if type(owner).__module__.split(".")[0] == "decoding" and hasattr(owner, "__dict__"):
+        return sum(pack_held_linears(value, seen) for value in vars(owner).values())
+    return 0

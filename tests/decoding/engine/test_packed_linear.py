@@ -1,0 +1,137 @@
+"""Linear layers packed for oneDNN (decoding/engine/packed_linear.py, `model.prepack_linear`): bf16 outputs
+bit-identical to `F.linear`'s, the original parameters kept, autograd and autocast left to `F.linear`, and every
+module a method holds packed with the target."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from decoding.engine.loop import generate
+from decoding.engine.packed_linear import PackedLinear, pack_held_linears, pack_linears, packing_available
+from pipeline.errors import ConfigError
+from pipeline.models import cpu_has_native_bf16, pack_for_decoding
+from pipeline.zoo import build_method, mixed_prompts, random_target
+
+pytestmark = pytest.mark.skipif(not packing_available(torch.float32), reason="this PyTorch build has no oneDNN")
+native_bf16 = pytest.mark.skipif(not (cpu_has_native_bf16() and packing_available(torch.bfloat16)),
+                                 reason="bf16 packing is auto only on a CPU with native bf16 (avx512_bf16 / AMX)")
+
+
+def linear(out_features: int, in_features: int, dtype, bias: bool = False) -> nn.Linear:
+    torch.manual_seed(out_features + in_features)
+    return nn.Linear(in_features, out_features, bias=bias).to(dtype)
+
+
+@native_bf16
+@pytest.mark.parametrize("bias", [False, True])
+def test_bf16_packed_outputs_equal_f_linear_bit_for_bit(bias):
+    """The packed call runs oneDNN's bf16 kernel as F.linear does, without the per-call reorder: same bits, for
+    the row counts a decoding step has and 3D inputs (a transformers layer's [batch, rows, hidden])."""
+    for out_features, in_features in [(1536, 576), (576, 1536), (4099, 576), (192, 576)]:
+        plain = linear(out_features, in_features, torch.bfloat16, bias)
+        packed = PackedLinear(plain)
+        for rows in (1, 3, 16, 65):
+            x = torch.randn(1, rows, in_features, dtype=torch.bfloat16)
+            with torch.inference_mode():
+                assert torch.equal(packed(x), F.linear(x, plain.weight, plain.bias)), (out_features, rows)
+
+
+def test_fp32_packed_outputs_are_oneDNN_rounding_of_the_same_product():
+    plain = linear(1536, 576, torch.float32, bias=True)
+    packed = PackedLinear(plain)
+    x = torch.randn(2, 5, 576)
+    with torch.inference_mode():
+        out = packed(x)
+    assert out.shape == (2, 5, 1536)
+    torch.testing.assert_close(out, F.linear(x, plain.weight, plain.bias), rtol=1e-5, atol=1e-5)
+
+
+def test_inference_calls_run_the_packed_kernel_and_others_f_linear():
+    packed = PackedLinear(linear(64, 32, torch.float32))
+    x = torch.randn(3, 32)
+
+    def kernels(grad: bool) -> set[str]:
+        with torch.profiler.profile() as prof, torch.set_grad_enabled(grad):
+            packed(x)
+        return {event.name for event in prof.events()}
+
+    assert "mkldnn::_linear_pointwise" in kernels(grad=False)
+    assert "mkldnn::_linear_pointwise" not in kernels(grad=True)
+
+
+def test_autograd_and_autocast_run_f_linear_on_the_original_weight():
+    plain = linear(64, 32, torch.float32, bias=True)
+    reference = copy.deepcopy(plain)
+    packed = PackedLinear(plain)
+    x = torch.randn(3, 32)
+    packed(x).pow(2).sum().backward()  # grad enabled: F.linear, so the weight gets its gradient
+    reference(x).pow(2).sum().backward()
+    torch.testing.assert_close(packed.weight.grad, reference.weight.grad)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):  # autocast's cast is kept
+        assert packed(x).dtype == torch.bfloat16
+
+
+def test_pack_linears_swaps_each_linear_once_and_keeps_parameters_and_ties():
+    target = random_target("tiny", dtype=torch.float32)
+    model = target.model
+    linears = sum(type(m) is nn.Linear for m in model.modules())
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    head, embed = model.get_output_embeddings(), model.get_input_embeddings()
+    tied = head.weight is embed.weight
+
+    class OwnForward(nn.Linear):  # a subclass has a forward of its own: left alone
+        pass
+
+    model.extra = OwnForward(4, 4)
+    assert pack_linears(model) == linears > 0
+    assert pack_linears(model) == 0  # already packed
+    assert type(model.extra) is OwnForward
+    assert not any(type(m) is nn.Linear for m in model.modules())
+    after = model.state_dict()
+    del model.extra
+    assert sorted(after) == sorted([*state, "extra.weight", "extra.bias"])
+    assert all(torch.equal(after[k], v) for k, v in state.items())
+    assert (model.get_output_embeddings().weight is embed.weight) == tied
+
+
+def test_a_methods_drafters_are_packed_with_the_target(tmp_path):
+    target = random_target("tiny", dtype=torch.float32)
+    method = build_method("eagle3", target, tmp_path)
+    drafter_linears = sum(type(m) is nn.Linear for m in method.drafter.modules())
+    target_linears = sum(type(m) is nn.Linear for m in target.model.modules())
+    assert drafter_linears > 0
+    assert pack_held_linears(method) == drafter_linears + target_linears  # through method.target too
+    assert isinstance(method.drafter.lm_head, PackedLinear)
+    assert pack_held_linears(method) == 0
+
+
+def test_pack_for_decoding_follows_the_setting(monkeypatch):
+    fp32 = random_target("tiny", dtype=torch.float32).model
+    assert pack_for_decoding(fp32, False) == 0
+    assert pack_for_decoding(fp32, None) == 0  # auto: bf16 only
+    assert pack_for_decoding(fp32, True) > 0
+    import decoding.engine.packed_linear as packed_linear
+
+    monkeypatch.setattr(packed_linear, "packing_available", lambda dtype: False)
+    with pytest.raises(ConfigError, match="model.prepack_linear=true"):
+        pack_for_decoding(random_target("tiny", dtype=torch.float32).model, True)
+
+
+@native_bf16
+@pytest.mark.parametrize("name", ["ar", "eagle3", "pld"])
+def test_bf16_decoding_gives_the_same_tokens_packed_and_unpacked(name, tmp_path):
+    """Packing changes speed, not tokens: a bf16 target and its packed copy decode the same answers."""
+    plain = random_target("tiny", dtype=torch.bfloat16)
+    packed = random_target("tiny", dtype=torch.bfloat16)
+    assert pack_for_decoding(packed.model, None) > 0  # auto packs bf16 on this CPU
+    packed.packed_linears = 1
+    methods = [build_method(name, t, tmp_path / tag) for t, tag in ((plain, "plain"), (packed, "packed"))]
+    pack_held_linears(methods[1])
+    for prompt in mixed_prompts(3, 200):
+        outputs = [generate(m, t, prompt, max_new_tokens=24).new_tokens for m, t in zip(methods, (plain, packed))]
+        assert outputs[0] == outputs[1]
