@@ -198,7 +198,7 @@ def pack_for_decoding(model, setting: Optional[bool]) -> int:
     if not packing_available(weight.dtype):
         raise ConfigError(f"model.prepack_linear=true: this PyTorch build cannot pack {weight.dtype} linear weights "
                           f"for oneDNN on this CPU; set model.prepack_linear=null (auto) or false")
-    return pack_linears(model)
+    return pack_linears(model, weight.dtype)
 
 
 def load_model(cfg: ModelConfig):

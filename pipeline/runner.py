@@ -48,7 +48,7 @@ def build_method(method_cfg, target: TargetModel, drafter_cfg=None) -> Method:
     method = cls(method_cfg, drafter=drafter_cfg) if getattr(cls, "uses_drafter", False) else cls(method_cfg)
     method.setup(target)
     if target.packed_linears:  # the drafters it loaded run as the target does (decoding/engine/packed_linear.py)
-        pack_held_linears(method)
+        pack_held_linears(method, target.dtype)
     return method
 
 

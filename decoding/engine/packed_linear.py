@@ -58,19 +58,22 @@ class PackedLinear(nn.Module):
                f"packed={self.packed_dtype}"
 
 
-def pack_linears(module: nn.Module) -> int:
+def pack_linears(module: nn.Module, dtype: torch.dtype) -> int:
     """Swaps every CPU `nn.Linear` of `module` (exactly that class, so no subclass with its own forward) whose
-    weight dtype can be packed for a `PackedLinear`; returns how many. Packed ones are left as they are."""
+    weight is of `dtype` (the target's: a drafter's fp32 head next to a bf16 target keeps MKL's fp32 rounding) for
+    a `PackedLinear`; returns how many. Packed ones are left as they are."""
+    if not packing_available(dtype):
+        return 0
     swapped = 0
     for parent in list(module.modules()):
         for name, child in list(parent.named_children()):
-            if type(child) is nn.Linear and child.weight.device.type == "cpu" and packing_available(child.weight.dtype):
+            if type(child) is nn.Linear and child.weight.device.type == "cpu" and child.weight.dtype == dtype:
                 setattr(parent, name, PackedLinear(child))
                 swapped += 1
     return swapped
 
 
-def pack_held_linears(owner, _seen: set[int] | None = None) -> int:
+def pack_held_linears(owner, dtype: torch.dtype, _seen: set[int] | None = None) -> int:
     """`pack_linears` on every module `owner` holds: its attributes that are modules, and those of the engine's
     own objects it holds (a drafter wrapper, a TargetModel), followed through lists, tuples and dicts. For a
     method after its `setup`: its drafters' linears are packed as the target's are."""
@@ -79,11 +82,11 @@ def pack_held_linears(owner, _seen: set[int] | None = None) -> int:
         return 0
     seen.add(id(owner))
     if isinstance(owner, nn.Module):
-        return pack_linears(owner)
+        return pack_linears(owner, dtype)
     if isinstance(owner, (list, tuple)):
-        return sum(pack_held_linears(item, seen) for item in owner)
+        return sum(pack_held_linears(item, dtype, seen) for item in owner)
     if isinstance(owner, dict):
-        return sum(pack_held_linears(item, seen) for item in owner.values())
+        return sum(pack_held_linears(item, dtype, seen) for item in owner.values())
     if type(owner).__module__.split(".")[0] == "decoding" and hasattr(owner, "__dict__"):
-        return sum(pack_held_linears(value, seen) for value in vars(owner).values())
+        return sum(pack_held_linears(value, dtype, seen) for value in vars(owner).values())
     return 0

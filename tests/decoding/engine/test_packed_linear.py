@@ -88,8 +88,9 @@ def test_pack_linears_swaps_each_linear_once_and_keeps_parameters_and_ties():
         pass
 
     model.extra = OwnForward(4, 4)
-    assert pack_linears(model) == linears > 0
-    assert pack_linears(model) == 0  # already packed
+    assert pack_linears(model, torch.bfloat16) == 0  # another dtype
+    assert pack_linears(model, torch.float32) == linears > 0
+    assert pack_linears(model, torch.float32) == 0  # already packed
     assert type(model.extra) is OwnForward
     assert not any(type(m) is nn.Linear for m in model.modules())
     after = model.state_dict()
@@ -105,9 +106,9 @@ def test_a_methods_drafters_are_packed_with_the_target(tmp_path):
     drafter_linears = sum(type(m) is nn.Linear for m in method.drafter.modules())
     target_linears = sum(type(m) is nn.Linear for m in target.model.modules())
     assert drafter_linears > 0
-    assert pack_held_linears(method) == drafter_linears + target_linears  # through method.target too
+    assert pack_held_linears(method, torch.float32) == drafter_linears + target_linears  # through method.target too
     assert isinstance(method.drafter.lm_head, PackedLinear)
-    assert pack_held_linears(method) == 0
+    assert pack_held_linears(method, torch.float32) == 0
 
 
 def test_pack_for_decoding_follows_the_setting(monkeypatch):
@@ -131,7 +132,7 @@ def test_bf16_decoding_gives_the_same_tokens_packed_and_unpacked(name, tmp_path)
     assert pack_for_decoding(packed.model, None) > 0  # auto packs bf16 on this CPU
     packed.packed_linears = 1
     methods = [build_method(name, t, tmp_path / tag) for t, tag in ((plain, "plain"), (packed, "packed"))]
-    pack_held_linears(methods[1])
+    pack_held_linears(methods[1], torch.bfloat16)
     for prompt in mixed_prompts(3, 200):
         outputs = [generate(m, t, prompt, max_new_tokens=24).new_tokens for m, t in zip(methods, (plain, packed))]
         assert outputs[0] == outputs[1]
