@@ -12,6 +12,7 @@ import functools
 import gc
 import hashlib
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -25,6 +26,8 @@ from typing import Any, Optional
 import torch
 
 from pipeline.errors import ConfigError, check_choice
+
+log = logging.getLogger(__name__)
 
 
 class ModelLoadError(RuntimeError):
@@ -61,9 +64,10 @@ class ModelConfig:
     # shapes (decoding/engine/static_forward.py): full-attention models on one device; not yet run on a GPU
     cuda_graph: bool = False
     # on a CPU, lay the linear layers' weights out for oneDNN once at load instead of at every call
-    # (decoding/engine/packed_linear.py: bf16 outputs bit-identical, one-row forwards ~1.3x faster on an AMD EPYC
-    # with avx512_bf16); the packed copy doubles the linear weights' memory. null (auto): on where the model is
-    # bf16 on a CPU with native bf16; true: also fp32 (oneDNN's fp32 rounding, not MKL's); false: never
+    # (decoding/engine/packed_linear.py: the same bf16 outputs; AR 1.2x and the other methods measured 1.25-1.43x
+    # faster on an AMD EPYC with avx512_bf16, docs/gpu-bf16.md); the packed copy doubles the linear weights'
+    # memory. null (auto): on where the model is bf16 on a CPU with native bf16; true: also fp32 (oneDNN's fp32
+    # rounding, not MKL's); false: never
     prepack_linear: Optional[bool] = None
 
     def __post_init__(self) -> None:
@@ -188,7 +192,7 @@ def target_model(model, tokenizer, cfg: ModelConfig):
 
 def pack_for_decoding(model, setting: Optional[bool]) -> int:
     """`model.prepack_linear` (see there) on a loaded target: how many linear layers were packed."""
-    from decoding.engine.packed_linear import pack_linears, packing_available
+    from decoding.engine.packed_linear import PackedLinear, pack_linears, packing_available
 
     weight = next(model.parameters())
     if setting is False or weight.device.type != "cpu":
@@ -196,9 +200,15 @@ def pack_for_decoding(model, setting: Optional[bool]) -> int:
     if setting is None and not (weight.dtype == torch.bfloat16 and cpu_has_native_bf16()):
         return 0
     if not packing_available(weight.dtype):
+        if setting is None:  # auto never fails: a build without oneDNN's bf16 runs unpacked
+            return 0
         raise ConfigError(f"model.prepack_linear=true: this PyTorch build cannot pack {weight.dtype} linear weights "
                           f"for oneDNN on this CPU; set model.prepack_linear=null (auto) or false")
-    return pack_linears(model, weight.dtype)
+    packed = pack_linears(model, weight.dtype)
+    megabytes = sum(m.weight.numel() * m.weight.element_size() for m in model.modules()
+                    if isinstance(m, PackedLinear)) / 2**20
+    log.info("model.prepack_linear: %d linear layers packed for oneDNN (%.0f MB more memory)", packed, megabytes)
+    return packed
 
 
 def load_model(cfg: ModelConfig):

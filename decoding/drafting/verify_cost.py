@@ -221,8 +221,8 @@ def cached_cost_model(key: str, build) -> VerifyCostModel:
 def machine_key(target, drafter_location: str | None = None) -> str:
     """What a measured cost curve depends on: model, drafter (None: a curve of the target alone), device (and
     how many a device_map spreads the weights over: each boundary adds a hop per forward), threads, dtype,
-    attention kernel and whether the forwards replay CUDA graphs (a graphed curve lacks the launches that
-    flatten an eager one)."""
+    attention kernel, whether the forwards replay CUDA graphs (a graphed curve lacks the launches that
+    flatten an eager one) and whether the linear layers are packed (decoding/engine/packed_linear.py)."""
     device = torch.device(target.device)
     device = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     device += f"-x{len(target.devices)}" if len(target.devices) > 1 else ""
@@ -230,6 +230,7 @@ def machine_key(target, drafter_location: str | None = None) -> str:
     params = sum(p.numel() for p in target.model.parameters())
     attn = getattr(target.config, "_attn_implementation", None) or "default"
     graphs = "-graphs" if getattr(target, "graphs", None) is not None else ""
+    graphs += "-packed" if getattr(target, "packed_linears", 0) else ""  # oneDNN-packed linears: another curve
     drafter = f"-{Path(drafter_location).name}" if drafter_location is not None else ""
     return (f"{name}-{params}{drafter}-{device}-t{torch.get_num_threads()}-{target.dtype}"
             f"-{attn}{graphs}")

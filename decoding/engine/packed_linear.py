@@ -5,8 +5,9 @@ layout, at every call; for the one to sixteen rows of a decoding step that reord
 product. Measured on an AMD EPYC with `avx512_bf16`, 2 threads (2026-12-07, benchmarks/bench_packed_linear.py):
 SmolLM2-135M's LM head (49152 x 576) on one row takes 3.4-5.8 ms unpacked and 1.85 ms packed, a 576 -> 1536
 projection 73-81 us and 34 us. The packed call runs the same oneDNN kernel: in bf16 its outputs are
-bit-identical to `F.linear`'s (tests/decoding/engine/test_packed_linear.py), so packing changes speed, not
-tokens, and AR, the reference of every speedup, is packed as well.
+bit-identical to `F.linear`'s for contiguous inputs, which are what the engine's layers pass
+(tests/decoding/engine/test_packed_linear.py), so packing changes speed, not tokens; AR, the reference of every
+speedup, is packed as well.
 
 How: each `nn.Linear` instance of a loaded model (and of the drafters a method loads) is swapped for a
 `PackedLinear`, as torch.ao's `quantize_dynamic` or IPEX's `optimize` swap modules; no transformers code is
@@ -49,9 +50,17 @@ class PackedLinear(nn.Module):
         if x.dtype != self.packed_dtype or x.device.type != "cpu" or torch.is_grad_enabled() \
                 or torch.is_autocast_enabled("cpu") or torch.compiler.is_compiling():
             return F.linear(x, self.weight, self.bias)
-        rows = x.reshape(-1, self.in_features)
-        out = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "none", [], "")
-        return out.view(*x.shape[:-1], self.out_features)
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")  # any leading dims
+
+    # the packed weight is an opaque oneDNN tensor, which neither deepcopy nor pickle can copy: a copy packs its
+    # own from the copied weight. (The weights are not to be changed in place after packing: `packed` would not
+    # follow; nothing in the project does.)
+    def __getstate__(self):
+        return {**super().__getstate__(), "packed": None}
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), 1)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, " \
@@ -73,20 +82,24 @@ def pack_linears(module: nn.Module, dtype: torch.dtype) -> int:
     return swapped
 
 
-def pack_held_linears(owner, dtype: torch.dtype, _seen: set[int] | None = None) -> int:
+SMALL_CONTAINER = 64  # modules sit in attributes or short lists; longer containers are data (n-gram tables, pools)
+
+
+def pack_held_linears(owner, dtype: torch.dtype) -> int:
     """`pack_linears` on every module `owner` holds: its attributes that are modules, and those of the engine's
-    own objects it holds (a drafter wrapper, a TargetModel), followed through lists, tuples and dicts. For a
-    method after its `setup`: its drafters' linears are packed as the target's are."""
-    seen = set() if _seen is None else _seen
-    if id(owner) in seen:
-        return 0
-    seen.add(id(owner))
-    if isinstance(owner, nn.Module):
-        return pack_linears(owner, dtype)
-    if isinstance(owner, (list, tuple)):
-        return sum(pack_held_linears(item, dtype, seen) for item in owner)
-    if isinstance(owner, dict):
-        return sum(pack_held_linears(item, dtype, seen) for item in owner.values())
-    if type(owner).__module__.split(".")[0] == "decoding" and hasattr(owner, "__dict__"):
-        return sum(pack_held_linears(value, dtype, seen) for value in vars(owner).values())
-    return 0
+    own objects it holds (a drafter wrapper, a TargetModel), also inside lists, tuples and dicts of at most
+    SMALL_CONTAINER items. For a method after its `setup`: its drafters' linears are packed as the target's are."""
+    swapped, seen, pending = 0, set(), [owner]
+    while pending:
+        item = pending.pop()
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        if isinstance(item, nn.Module):
+            swapped += pack_linears(item, dtype)
+        elif isinstance(item, (list, tuple, dict)):
+            if len(item) <= SMALL_CONTAINER:
+                pending.extend(item.values() if isinstance(item, dict) else item)
+        elif type(item).__module__.split(".")[0] == "decoding" and hasattr(item, "__dict__"):
+            pending.extend(vars(item).values())
+    return swapped

@@ -76,13 +76,24 @@ def test_autograd_and_autocast_run_f_linear_on_the_original_weight():
         assert packed(x).dtype == torch.bfloat16
 
 
+def test_a_copy_or_a_pickle_packs_its_own_weight():
+    import pickle
+
+    packed = PackedLinear(linear(64, 32, torch.float32, bias=True))
+    x = torch.randn(3, 32)
+    for copied in (copy.deepcopy(packed), pickle.loads(pickle.dumps(packed))):
+        assert copied.weight is not packed.weight and torch.equal(copied.weight, packed.weight)
+        with torch.inference_mode():
+            assert torch.equal(copied(x), packed(x))
+
+
 def test_pack_linears_swaps_each_linear_once_and_keeps_parameters_and_ties():
     target = random_target("tiny", dtype=torch.float32)
     model = target.model
+    head, embed = model.get_output_embeddings(), model.get_input_embeddings()
+    head.weight = embed.weight  # tied, as SmolLM2's are
     linears = sum(type(m) is nn.Linear for m in model.modules())
     state = {k: v.clone() for k, v in model.state_dict().items()}
-    head, embed = model.get_output_embeddings(), model.get_input_embeddings()
-    tied = head.weight is embed.weight
 
     class OwnForward(nn.Linear):  # a subclass has a forward of its own: left alone
         pass
@@ -97,7 +108,8 @@ def test_pack_linears_swaps_each_linear_once_and_keeps_parameters_and_ties():
     del model.extra
     assert sorted(after) == sorted([*state, "extra.weight", "extra.bias"])
     assert all(torch.equal(after[k], v) for k, v in state.items())
-    assert (model.get_output_embeddings().weight is embed.weight) == tied
+    assert isinstance(model.get_output_embeddings(), PackedLinear)
+    assert model.get_output_embeddings().weight is embed.weight  # still tied
 
 
 def test_a_methods_drafters_are_packed_with_the_target(tmp_path):
@@ -121,6 +133,41 @@ def test_pack_for_decoding_follows_the_setting(monkeypatch):
     monkeypatch.setattr(packed_linear, "packing_available", lambda dtype: False)
     with pytest.raises(ConfigError, match="model.prepack_linear=true"):
         pack_for_decoding(random_target("tiny", dtype=torch.float32).model, True)
+    import pipeline.models as models
+
+    monkeypatch.setattr(models, "cpu_has_native_bf16", lambda: True)  # auto on a bf16 model it cannot pack: no error
+    assert pack_for_decoding(random_target("tiny", dtype=torch.bfloat16).model, None) == 0
+
+
+def test_the_runner_packs_a_methods_drafter_and_block_drafters_are_packed_before_their_profiling(tmp_path):
+    from decoding.drafting.verify_cost import machine_key
+    from decoding.methods.eagle3 import Eagle3Config
+    from pipeline.runner import build_method as runner_build_method
+    from pipeline.zoo import save_random_drafters
+
+    target = random_target("tiny", dtype=torch.float32)
+    unpacked_key = machine_key(target)
+    target.packed_linears = pack_for_decoding(target.model, True)
+    assert machine_key(target) == unpacked_key + "-packed"  # a cost curve measured packed is another curve
+    drafters = save_random_drafters(target, tmp_path / "drafters")
+    method = runner_build_method(Eagle3Config(drafter=drafters["eagle3"]), target)
+    assert isinstance(method.drafter.lm_head, PackedLinear)
+    # CaDDTree times its drafter inside setup: the block drafters are packed there, before the profile
+    caddtree = build_method("caddtree", target, tmp_path, max_budget=4, profile_node_counts=[1, 4],
+                            profile_context_lengths=[8], profile_repeats=1)
+    assert not any(type(m) is nn.Linear for m in caddtree.drafter.modules())
+    assert any(isinstance(m, PackedLinear) for m in caddtree.drafter.modules())
+
+
+def test_a_long_container_is_data_not_modules():
+    class Holder:  # an engine object holding a long list (an n-gram table) with a module at its end
+        pass
+
+    Holder.__module__ = "decoding.fake"
+    holder = Holder()
+    holder.table = [(i, i + 1) for i in range(1000)] + [nn.Sequential(nn.Linear(4, 4))]
+    holder.few = [nn.Sequential(nn.Linear(4, 4))]  # (a module is swapped inside its parent)
+    assert pack_held_linears(holder, torch.float32) == 1
 
 
 @native_bf16
