@@ -207,7 +207,7 @@ def pack_for_decoding(model, setting: Optional[bool]) -> int:
     packed = pack_linears(model, weight.dtype)
     megabytes = sum(m.weight.numel() * m.weight.element_size() for m in model.modules()
                     if isinstance(m, PackedLinear)) / 2**20
-    log.info("model.prepack_linear: %d linear layers packed for oneDNN (%.0f MB more memory)", packed, megabytes)
+    log.info("model.prepack_linear: %d linear layers packed for oneDNN (%.0f MiB more memory)", packed, megabytes)
     return packed
 
 
