@@ -42,7 +42,8 @@ class Eagle3Config:
     # CUDA graph per step (decoding/drafting/eagle_tree.py); false: eager. Not used with compile.
     cuda_graph: bool = True
     # torch.compile the expansion (decoding/engine/compiled.py; inductor's C++ on a CPU): one compile per process
-    # (~35 s on a 2-core CPU); wall time per step on the host-overhead model 12.4 -> 10.4 ms (docs/methods/eagle3.md)
+    # (~35 s on a 2-core CPU); wall time per step on the host-overhead model 12.4 -> 10.4 ms, but slower on SmolLM2 in
+    # bf16 with packed linears, which a compiled expansion does not use (docs/methods/eagle3.md)
     compile: bool = False
 
     def __post_init__(self) -> None:
