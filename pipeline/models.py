@@ -205,9 +205,9 @@ def pack_for_decoding(model, setting: Optional[bool]) -> int:
         raise ConfigError(f"model.prepack_linear=true: this PyTorch build cannot pack {weight.dtype} linear weights "
                           f"for oneDNN on this CPU; set model.prepack_linear=null (auto) or false")
     packed = pack_linears(model, weight.dtype)
-    megabytes = sum(m.weight.numel() * m.weight.element_size() for m in model.modules()
+    mebibytes = sum(m.weight.numel() * m.weight.element_size() for m in model.modules()
                     if isinstance(m, PackedLinear)) / 2**20
-    log.info("model.prepack_linear: %d linear layers packed for oneDNN (%.0f MiB more memory)", packed, megabytes)
+    log.info("model.prepack_linear: %d linear layers packed for oneDNN (%.0f MiB more memory)", packed, mebibytes)
     return packed
 
 
