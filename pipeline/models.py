@@ -64,8 +64,8 @@ class ModelConfig:
     # shapes (decoding/engine/static_forward.py): full-attention models on one device; not yet run on a GPU
     cuda_graph: bool = False
     # on a CPU, lay the linear layers' weights out for oneDNN once at load instead of at every call
-    # (decoding/engine/packed_linear.py: the same bf16 outputs; AR 1.2x and the other methods measured 1.25-1.43x
-    # faster on an AMD EPYC with avx512_bf16, docs/gpu-bf16.md); the packed copy doubles the linear weights'
+    # (decoding/engine/packed_linear.py: the same bf16 outputs; in one A/B on an AMD EPYC with avx512_bf16, AR 1.2x
+    # and four other methods 1.25-1.43x faster, docs/gpu-bf16.md); the packed copy doubles the linear weights'
     # memory. null (auto): on where the model is bf16 on a CPU with native bf16; true: also fp32 (oneDNN's fp32
     # rounding, not MKL's); false: never
     prepack_linear: Optional[bool] = None

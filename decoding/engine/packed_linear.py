@@ -1,8 +1,8 @@
 """Linear layers whose weights are laid out for oneDNN once, at load, instead of at every call (CPU).
 
 Why: on a CPU, a bf16 `F.linear` runs oneDNN's matmul, which first reorders the weight into its blocked
-layout, at every call; for the one to sixteen rows of a decoding step that reorder costs about as much as the
-product. Measured on an AMD EPYC with `avx512_bf16`, 2 threads (2026-12-07, benchmarks/bench_packed_linear.py,
+layout, at every call; for the one to sixteen rows of a decoding step that costs as much as the product for a
+large weight (the LM head). Measured on an AMD EPYC with `avx512_bf16`, 2 threads (2026-12-07, benchmarks/bench_packed_linear.py,
 docs/gpu-bf16.md): SmolLM2-135M's LM head (49152 x 576) on one row takes 4.6 ms unpacked and 2.2 ms packed, a
 576 -> 1536 projection 65 us and 45 us. The packed call runs the same oneDNN kernel: in bf16 its outputs are
 bit-identical to `F.linear`'s for contiguous inputs, which are what the engine's layers pass
