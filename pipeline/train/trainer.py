@@ -199,25 +199,30 @@ def compute_loss(model, embed, lm_head, sample, blocks, cfg, step):
     return domino_loss(model, embed, lm_head, sample, blocks, mask_token, lambda_base(step, d))
 
 
+def mean_per_key(metrics: list[dict[str, float]]) -> dict[str, float]:
+    """Each metric averaged over the dicts that have it (a short answer lacks top1_pos3)."""
+    totals: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    for one in metrics:
+        for k, v in one.items():
+            totals[k] = totals.get(k, 0.0) + v
+            counts[k] = counts.get(k, 0) + 1
+    return {k: v / counts[k] for k, v in totals.items()}
+
+
 @torch.no_grad()
 def validate(model, embed, lm_head, samples, cfg) -> dict:
     gen = torch.Generator().manual_seed(1234)
-    totals: dict[str, float] = {}
-    counts: dict[str, int] = {}  # a metric is averaged over the answers that have it (a short one lacks top1_pos3)
-    scored = 0
+    scored = []
     for sample in samples:
         blocks = sample_blocks(sample["ids"], sample["prompt_len"], model.spec.block_size, cfg.drafter.num_anchors,
                                cfg.drafter.loss_decay_gamma, model.spec.shift_label, gen)
         if blocks is None:  # an answer too short for a block: not scored, not counted
             continue
-        _, metrics = compute_loss(model, embed, lm_head, sample, blocks, cfg, cfg.drafter.steps)
-        scored += 1
-        for k, v in metrics.items():
-            totals[k] = totals.get(k, 0.0) + v
-            counts[k] = counts.get(k, 0) + 1
+        scored.append(compute_loss(model, embed, lm_head, sample, blocks, cfg, cfg.drafter.steps)[1])
     if not scored:
         log.warning("no validation answer is long enough for a %d-token block: no val/ metrics", model.spec.block_size)
-    return {f"val/{k}": v / counts[k] for k, v in totals.items()}
+    return {f"val/{k}": v for k, v in mean_per_key(scored).items()}
 
 
 def training_samples(cfg: TrainConfig, target, tokenizer, tap_layers: Optional[list[int]] = None) -> list[dict]:
@@ -414,8 +419,7 @@ def train(cfg: TrainConfig, run_config: dict, show_progress: bool = True) -> dic
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate(step, d)
             optimizer.zero_grad(set_to_none=True)
-            agg: dict[str, float] = {}
-            seen: dict[str, int] = {}
+            step_metrics = []
             batch = []  # the sequences long enough for a block: the step averages over them alone
             for sample in map(taps, rng.sample(train_set, d.seqs_per_step)):
                 blocks = sample_blocks(sample["ids"], sample["prompt_len"], model.spec.block_size, d.num_anchors,
@@ -426,10 +430,8 @@ def train(cfg: TrainConfig, run_config: dict, show_progress: bool = True) -> dic
                 with autocast(cfg, target.device):
                     loss, metrics = compute_loss(model, embed, lm_head, sample, blocks, cfg, step)
                 (loss / len(batch)).backward()
-                for k, v in metrics.items():
-                    agg[k] = agg.get(k, 0.0) + v
-                    seen[k] = seen.get(k, 0) + 1
-            agg = {k: v / seen[k] for k, v in agg.items()}  # over the sequences that have it (top1_pos3 may lack)
+                step_metrics.append(metrics)
+            agg = mean_per_key(step_metrics)
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
             step += 1

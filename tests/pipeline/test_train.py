@@ -64,6 +64,14 @@ def test_top1_by_position_counts_each_draft_whatever_the_drafts_before_it(shift)
     assert "top1_pos2" not in top1_by_position(pred[2:], labels[2:])  # no block labels a second draft
 
 
+def test_step_and_validation_metrics_are_averaged_over_the_answers_that_have_each():
+    from pipeline.train.trainer import mean_per_key
+
+    got = mean_per_key([{"loss": 1.0, "top1_pos3": 0.5}, {"loss": 3.0}, {"loss": 2.0, "top1_pos3": 1.0}])
+    assert got == pytest.approx({"loss": 2.0, "top1_pos3": 0.75})  # not 1.5 / 3: the short answer lacks it
+    assert mean_per_key([]) == {}
+
+
 def test_train_both_stages_export_and_resume(tiny_model_dirs, tmp_path):
     from decoding.drafting.dflash_drafter import load_drafter
     from pipeline.train.trainer import train
