@@ -45,20 +45,20 @@ def to_host(*tensors: torch.Tensor) -> list[list]:
         values = tensors[0].reshape(-1).tolist()
         return [list(map(int, values)) if tensors[0].dtype == torch.bool else values]
     flats = [t.reshape(-1) for t in tensors]
+    lengths = [flat.shape[0] for flat in flats]
     if all(t.dtype == torch.long for t in tensors):  # token ids only (argmax rows, top-k ids): no conversion
-        values, out, start = torch.cat(flats).tolist(), [], 0
-        for flat in flats:
-            end = start + flat.shape[0]
-            out.append(values[start:end])
-            start = end
-        return out
+        return split_by(torch.cat(flats).tolist(), lengths)
     # the first one in float64 makes torch.cat promote the others to it: one conversion, one copy; numpy
     # then turns each part back into ints or floats faster than Python's int() per value
     values = torch.cat([flats[0].to(torch.float64), *flats[1:]]).numpy(force=True)  # detached, on the host
-    out, start = [], 0
-    for t, flat in zip(tensors, flats):
-        n = flat.shape[0]
-        part = values[start:start + n]
-        out.append(part.tolist() if t.dtype.is_floating_point or t.dtype.is_complex else part.astype(np.int64).tolist())
+    return [part.tolist() if t.dtype.is_floating_point or t.dtype.is_complex else part.astype(np.int64).tolist()
+            for t, part in zip(tensors, split_by(values, lengths))]
+
+
+def split_by(values, lengths: list[int]) -> list:
+    """`values` (a list or an array) cut into consecutive parts of these lengths."""
+    parts, start = [], 0
+    for n in lengths:
+        parts.append(values[start:start + n])
         start += n
-    return out
+    return parts

@@ -146,8 +146,11 @@ class SelfDraft(Method):
             tree = candidate_tree(state.root, self.candidates(state.sequence))
         state.stats.add_extra("forward_rows", len(tree) + len(layout.depths))
         tokens = [tok for row in (*self.prefixes, *self.levels) for tok in row]  # the layout's order
-        # the argmax of every row (also at T > 0), read in the acceptance's host copy
-        return layout.proposal(tree, tokens, reads=lambda output: (row_argmax(output.logits),))
+        # the argmax of the root row and of the branches' rows (also at T > 0), read in the acceptance's host copy;
+        # not the other tree rows', which the greedy acceptance takes itself
+        tree_rows = len(tree)
+        return layout.proposal(tree, tokens, reads=lambda output: (row_argmax(output.logits[:1]),
+                                                                   row_argmax(output.logits[tree_rows:])))
 
     def candidates(self, sequence: list[int]) -> list[tuple[int, ...]]:
         cfg = self.config
@@ -159,8 +162,7 @@ class SelfDraft(Method):
         return found
 
     def observe(self, state: DecodeState, result: StepResult) -> None:
-        (best,) = result.reads  # the argmax of every row (propose)
-        out, root_next = best[len(result.proposal.tree):], best[0]
+        (root_next,), out = result.reads  # the argmax of the root row and of the branches' rows (propose)
         if not self.levels:  # first step: level 1 = the prediction after each prefix
             self.levels = [[out[rows[-1]] for rows in self.column_rows]]
             self.prefixes.pop(0)  # column 0 is now the root's own column
