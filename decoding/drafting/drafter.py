@@ -20,6 +20,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from decoding.drafting.draft_length import DraftLength
 from decoding.engine.sampling import ChainDraws, Sampler
 from decoding.engine.transfer import to_device, to_host
 from decoding.drafting.routing import kept_layers, load_mask
@@ -35,6 +36,13 @@ class DrafterConfig:
     name: str = "early_exit"
     kind: str = "early_exit"  # early_exit | slim | model | eagle3
     gamma: int = 5  # draft length γ (Narasimhan et al. use 5; Leviathan et al. sweep 1-10)
+    # fixed: γ = gamma every step | optimal: Leviathan et al.'s best γ for the α and drafter cost c this generation
+    # measures, chosen again each step (sd, spec_cascade; decoding/drafting/draft_length.py)
+    gamma_policy: str = "fixed"
+    max_gamma: int = 8  # gamma_policy=optimal: γ in 1..max_gamma
+    # gamma_policy=optimal: c, a drafted token's cost in verify steps; null = measured as the generation runs
+    # (then γ follows the clock, and so do a T > 0 run's draws: set it for seed-exact runs)
+    draft_cost: Optional[float] = None
     exit_layer: int = 6  # early_exit: run decoder layers [0, exit_layer) (LayerSkip's E)
     head: Optional[str] = None  # early_exit: a trained exit-head folder (python -m pipeline.train drafter=exit_head)
     mask: Optional[str] = None  # slim: routing-mask name (decoding/drafting/routing.py) or a path, e.g. the DIMR result
@@ -45,6 +53,10 @@ class DrafterConfig:
     def __post_init__(self) -> None:
         check_choice("drafter.kind", self.kind, ("early_exit", "slim", "model", "eagle3"))
         check_range("drafter.gamma", self.gamma, 1)
+        check_choice("drafter.gamma_policy", self.gamma_policy, ("fixed", "optimal"))
+        check_range("drafter.max_gamma", self.max_gamma, 1)
+        if self.draft_cost is not None:
+            check_range("drafter.draft_cost", self.draft_cost, 0.0)
         check_range("drafter.exit_layer", self.exit_layer, 1)
         if self.kind == "slim" and not self.mask:
             raise ConfigError("drafter.kind=slim needs drafter.mask (a routing-mask name or a path)")
@@ -55,6 +67,10 @@ class DrafterConfig:
         if self.kind == "eagle3" and not self.checkpoint:
             raise ConfigError("drafter=eagle3: no EAGLE-3 checkpoint is known for this model; set "
                               "drafter.checkpoint=<folder or HF hub id> (train one: python -m pipeline.train drafter=eagle3)")
+
+
+def build_draft_length(cfg: DrafterConfig) -> DraftLength:
+    return DraftLength(cfg.gamma, cfg.gamma_policy, cfg.max_gamma, cfg.draft_cost)
 
 
 class Drafter:

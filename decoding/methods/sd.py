@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from decoding.drafting.drafter import build_drafter
+from decoding.drafting.drafter import build_draft_length, build_drafter
 from decoding.engine.loop import DecodeState, Method, Proposal
 from decoding.engine.tree import TokenTree
 
@@ -21,7 +21,8 @@ from decoding.engine.tree import TokenTree
 class SDConfig:
     _target_: str = "decoding.methods.sd.SpeculativeDecoding"
     name: str = "sd"
-    # The drafter and the draft length γ come from the `drafter` config group (drafter.gamma).
+    # The drafter and the draft length γ come from the `drafter` config group (drafter.gamma, or
+    # drafter.gamma_policy=optimal: Leviathan et al.'s γ from measured α and cost, decoding/drafting/draft_length.py).
 
 
 class SpeculativeDecoding(Method):
@@ -32,10 +33,11 @@ class SpeculativeDecoding(Method):
         from decoding.drafting.drafter import DrafterConfig
 
         self.drafter = build_drafter(self.drafter_config or DrafterConfig(), target)
-        self.gamma = (self.drafter_config or DrafterConfig()).gamma
+        self.draft_length = build_draft_length(self.drafter_config or DrafterConfig())
 
     def begin(self, state: DecodeState) -> None:
         self.drafter.begin(state.sequence, len(state.sequence) + state.max_new_tokens)
+        self.draft_length.reset()
 
     def prefill_hidden_layers(self) -> tuple[int, ...]:
         return self.drafter.hidden_layers  # a feature drafter (EAGLE-3) reads target layers; others none
@@ -44,7 +46,8 @@ class SpeculativeDecoding(Method):
         self.drafter.on_prefill(output, state.prompt_ids)
 
     def propose(self, state: DecodeState) -> Proposal:
-        tokens, dists = self.drafter.draft(state.sequence, self.gamma, state.temperature, state.sampler,
+        gamma = self.draft_length.next(state.stats)
+        tokens, dists = self.drafter.draft(state.sequence, gamma, state.temperature, state.sampler,
                                            need_dists=not state.greedy)
         # At T=0 the drafts are argmaxes (deterministic proposals); at T>0 they were sampled from q.
         return Proposal(TokenTree.chain(state.root, tokens, None if state.greedy else list(dists)),
@@ -55,6 +58,7 @@ class SpeculativeDecoding(Method):
 
     def finish(self, state: DecodeState) -> None:
         self.drafter.record(state.stats)
+        self.draft_length.record(state.stats)
 
 
 CONFIG = SDConfig

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from decoding.engine.acceptance import Verdict, accept_against, accept_greedy
-from decoding.drafting.drafter import DrafterConfig, build_drafter
+from decoding.drafting.drafter import DrafterConfig, build_draft_length, build_drafter
 from decoding.engine.loop import DecodeState, Method, Proposal, verify
 from decoding.engine.tree import TokenTree
 from pipeline.errors import check_choice
@@ -82,10 +82,11 @@ class SpeculativeCascade(Method):
     def setup(self, target) -> None:
         drafter_cfg = self.drafter_config or DrafterConfig()
         self.drafter = build_drafter(drafter_cfg, target)
-        self.gamma = drafter_cfg.gamma
+        self.draft_length = build_draft_length(drafter_cfg)
 
     def begin(self, state: DecodeState) -> None:
         self.drafter.begin(state.sequence, len(state.sequence) + state.max_new_tokens)
+        self.draft_length.reset()
         self._small_mass = torch.zeros((), dtype=torch.float32, device=state.target.output_device)
 
     def prefill_hidden_layers(self) -> tuple[int, ...]:
@@ -95,11 +96,13 @@ class SpeculativeCascade(Method):
         self.drafter.on_prefill(output, state.prompt_ids)
 
     def propose(self, state: DecodeState) -> Proposal:
-        tokens, self._q_small = self.drafter.draft(state.sequence, self.gamma, state.temperature, state.sampler)
+        gamma = self.draft_length.next(state.stats)
+        tokens, self._q_small = self.drafter.draft(state.sequence, gamma, state.temperature, state.sampler)
         return Proposal(TokenTree.chain(state.root, tokens, list(self._q_small)), hidden_layers=self.drafter.hidden_layers)
 
     def finish(self, state: DecodeState) -> None:
         self.drafter.record(state.stats)
+        self.draft_length.record(state.stats)
         # per scored position (every drafted one, before or after a rejection): how much of q_s π keeps
         state.stats.add_extra("small_mass_kept", float(self._small_mass))
 

@@ -2,6 +2,7 @@
 dynamic tree or the chain, reproduces AR exactly at T=0 and AR's distribution at T=1."""
 
 import collections
+import dataclasses
 import json
 
 import pytest
@@ -192,6 +193,12 @@ def test_eagle3_drafts_for_sd_and_spec_cascade(tiny_target, tmp_path):
     cascade = SpeculativeCascade(SpecCascadeConfig(), drafter=drafter)
     cascade.setup(tiny_target)
     assert generate(cascade, tiny_target, PROMPT, max_new_tokens=12).stats.num_draft_tokens > 0
+    # γ changing from step to step (drafter.gamma_policy=optimal): the chain's scratch rows follow, output is AR's
+    varying = SpeculativeDecoding(SDConfig(), drafter=dataclasses.replace(
+        drafter, gamma=6, gamma_policy="optimal", max_gamma=3, draft_cost=0.01))
+    varying.setup(tiny_target)
+    state = generate(varying, tiny_target, PROMPT, max_new_tokens=30)
+    assert state.new_tokens == ar and state.stats.num_draft_tokens < 6 * state.stats.num_drafts
     with pytest.raises(ConfigError, match="no EAGLE-3 checkpoint is known"):
         DrafterConfig(kind="eagle3")
 
