@@ -44,7 +44,8 @@ def dynamic_tree(drafter: Eagle3Drafter, cache: Eagle3Cache, h_last: torch.Tenso
     constants = {"keys": cache.buffer_k, "values": cache.buffer_v, "length": cache.length_t, "drafter": drafter,
                  "embed": embed, "k": k, "depth": depth, "keep": keep}
     if graphs is not None and graphs.enabled:
-        found = graphs("eagle3_tree", expand_tree, inputs, constants)
+        # one graph per shape: a chain whose length changes step to step (chain_policy=optimal) replays its own
+        found = graphs(f"eagle3_tree_{k}x{depth}_{keep}", expand_tree, inputs, constants)
     else:
         found = (expand or expand_tree)(**inputs, **constants)
     kept_tokens, kept_parents, kept = to_host(*found)  # the graph's outputs: read before the next replay

@@ -17,6 +17,7 @@ from typing import Optional
 
 import torch
 
+from decoding.drafting.draft_length import DraftLength
 from decoding.drafting.eagle3_drafter import fitted_embeddings, load_eagle3
 from decoding.drafting.eagle_tree import compiled_expansion, dynamic_tree
 from decoding.engine import cuda_graph
@@ -24,7 +25,7 @@ from decoding.engine.loop import DecodeState, Method, Proposal, StepResult
 from decoding.engine.target import ForwardOutput, TargetModel
 from decoding.engine.transfer import to_device
 from decoding.engine.tree import TokenTree
-from pipeline.errors import ConfigError, check_range
+from pipeline.errors import ConfigError, check_choice, check_range
 
 
 @dataclass
@@ -37,6 +38,11 @@ class Eagle3Config:
     depth: int = 5  # expansions after the first top-k: drafts reach depth + 1 (EAGLE's depth)
     top_k: int = 10  # frontier width and children per node (EAGLE's top_k)
     chain_length: int = 5  # tree=false: drafts per step (SGLang's speculative_num_steps default)
+    # tree=false: fixed (chain_length drafts) | optimal (Leviathan et al.'s length from the measured acceptance and
+    # drafter cost, each step; as drafter.gamma_policy, decoding/drafting/draft_length.py)
+    chain_policy: str = "fixed"
+    max_chain_length: int = 8  # chain_policy=optimal: lengths 1..max_chain_length
+    draft_cost: Optional[float] = None  # chain_policy=optimal: c given (seed-exact runs at T > 0); null = measured
     layer_ids: list[int] = field(default_factory=list)  # target layers (output ids); [] = the checkpoint's
     # on CUDA, the tree's expansion (its drafter passes and top-k bookkeeping; the chain's too) replays from one
     # CUDA graph per step (decoding/drafting/eagle_tree.py); false: eager. Not used with compile.
@@ -51,6 +57,10 @@ class Eagle3Config:
         check_range("method.depth", self.depth, 1)
         check_range("method.top_k", self.top_k, 1)
         check_range("method.chain_length", self.chain_length, 1)
+        check_choice("method.chain_policy", self.chain_policy, ("fixed", "optimal"))
+        check_range("method.max_chain_length", self.max_chain_length, 1)
+        if self.chain_policy != "fixed" and self.tree:
+            raise ConfigError("method.chain_policy=optimal sets the chain's length: it needs method.tree=false")
 
 
 class Eagle3(Method):
@@ -68,6 +78,8 @@ class Eagle3(Method):
                                             self.config.cuda_graph and not self.config.compile, "method.cuda_graph")
         self.expand = compiled_expansion(self.config.compile)
         self.cache = self.drafter.new_cache()  # its buffers are kept from prompt to prompt (so is a captured tree)
+        cfg = self.config
+        self.chain_length = DraftLength(cfg.chain_length, cfg.chain_policy, cfg.max_chain_length, cfg.draft_cost)
 
     def prefill_hidden_layers(self) -> tuple[int, ...]:
         return self.taps
@@ -77,6 +89,7 @@ class Eagle3(Method):
         if self.cache.take_moved():  # resized for this prompt: the old buffers' graph (and memory) goes now
             self.graphs.forget()
         self.passes = 0
+        self.chain_length.reset()
 
     def on_prefill(self, state: DecodeState, output: ForwardOutput) -> None:
         # rows 0..n-2 of the prompt, each followed by the next prompt token (the last one is the root)
@@ -102,8 +115,11 @@ class Eagle3(Method):
             return Proposal(TokenTree.root_only(state.root), hidden_layers=self.taps)
         cfg = self.config
         # the chain: the width-one tree, chain_length drafts in chain_length - 1 passes after the first pick
-        top_k, depth, total = (cfg.top_k, cfg.depth, cfg.total_tokens) if cfg.tree else \
-            (1, cfg.chain_length - 1, cfg.chain_length + 1)
+        if cfg.tree:
+            top_k, depth, total = cfg.top_k, cfg.depth, cfg.total_tokens
+        else:
+            length = self.chain_length.next(state.stats)
+            top_k, depth, total = 1, length - 1, length + 1
         tree, passes = dynamic_tree(self.drafter, self.cache, h[-1], self.embed, state.root, top_k, depth, total,
                                     self.graphs, self.expand)
         self.passes += passes
@@ -111,6 +127,7 @@ class Eagle3(Method):
 
     def finish(self, state: DecodeState) -> None:
         state.stats.add_extra("drafter_forwards", self.passes)
+        self.chain_length.record(state.stats)
 
 
 CONFIG = Eagle3Config

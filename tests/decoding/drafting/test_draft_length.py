@@ -1,5 +1,6 @@
 """The draft length γ: Leviathan et al.'s optimum from (α, c), the estimates a generation's steps give, and sd /
-spec_cascade with `drafter.gamma_policy=optimal` still equal to AR at T = 0."""
+spec_cascade with `drafter.gamma_policy=optimal` still equal to AR at T = 0 (EAGLE-3's chain with
+`method.chain_policy=optimal`: tests/decoding/methods/test_eagle3.py)."""
 
 import pytest
 
@@ -8,6 +9,7 @@ from decoding.drafting.drafter import DrafterConfig
 from decoding.engine.loop import generate
 from decoding.engine.metrics import GenerationStats
 from decoding.methods.ar import AR
+from decoding.methods.eagle3 import Eagle3Config
 from decoding.methods.sd import SDConfig, SpeculativeDecoding
 from decoding.methods.spec_cascade import SpeculativeCascade, SpecCascadeConfig
 from decoding.methods.via_sd import VIASD, VIASDConfig
@@ -68,6 +70,8 @@ def test_config_checks():
         DrafterConfig(gamma_policy="adaptive")
     with pytest.raises(ConfigError, match="drafter.draft_cost=-1"):
         DrafterConfig(gamma_policy="optimal", draft_cost=-1.0)
+    with pytest.raises(ConfigError, match="chain_policy=optimal sets the chain's length: it needs method.tree=false"):
+        Eagle3Config(chain_policy="optimal")
 
 
 def test_sd_and_spec_cascade_with_the_optimal_gamma_equal_ar(tiny_llama):

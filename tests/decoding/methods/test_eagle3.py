@@ -35,8 +35,10 @@ def tiny_eagle3(target, folder, seed=0):
 PROMPT = [7, 30, 31, 32, 30, 31, 32, 30, 31, 40, 41]
 
 
-@pytest.mark.parametrize("config", [dict(), dict(total_tokens=12, depth=3, top_k=3), dict(tree=False, chain_length=4)],
-                         ids=["paper-defaults", "small-tree", "chain"])
+@pytest.mark.parametrize("config", [dict(), dict(total_tokens=12, depth=3, top_k=3), dict(tree=False, chain_length=4),
+                                    dict(tree=False, chain_policy="optimal", max_chain_length=3, draft_cost=0.01),
+                                    dict(tree=False, chain_policy="optimal", draft_cost=10.0)],
+                         ids=["paper-defaults", "small-tree", "chain", "chain-optimal", "chain-optimal-of-one"])
 def test_greedy_equals_ar(tiny_target, tmp_path, config):
     method = Eagle3(Eagle3Config(drafter=tiny_eagle3(tiny_target, tmp_path / "eagle3"), **config))
     method.setup(tiny_target)
@@ -44,6 +46,10 @@ def test_greedy_equals_ar(tiny_target, tmp_path, config):
     state = generate(method, tiny_target, PROMPT, max_new_tokens=40)
     assert state.new_tokens == ar
     assert state.stats.num_draft_tokens > 0 and state.stats.extra["drafter_forwards"] > 0
+    if "chain_policy" in config:  # after 4 steps of chain_length = 5 drafts, at most 3 (1 where a draft costs 10 steps)
+        shortest = 3 if config["draft_cost"] < 1 else 1
+        assert state.stats.num_draft_tokens <= 4 * 5 + (state.stats.num_drafts - 4) * shortest
+        assert "draft_rejections" in state.stats.extra
     one = generate(method, tiny_target, PROMPT[:1], max_new_tokens=8)  # a one-token prompt: no row to draft from yet
     assert one.new_tokens == generate(AR(), tiny_target, PROMPT[:1], max_new_tokens=8).new_tokens
 
