@@ -1,4 +1,5 @@
-"""The draft length γ of a drafter-verifier step (sd, spec_cascade): fixed (`drafter.gamma`), or the γ that
+"""The draft length γ of a drafter-verifier step (sd, spec_cascade; EAGLE-3's chain as `method.chain_policy`): fixed
+(`drafter.gamma`), or the γ that
 Leviathan et al. (ICML 2023, section 3.5 "Choosing γ") show maximises the expected speedup, from this
 generation's own measurements (`drafter.gamma_policy=optimal`).
 
@@ -9,7 +10,7 @@ pair (their Figure 3). Here α and c are measured while the generation runs and 
 - α: accepted drafts / (accepted drafts + rejections) over the steps so far (the truncated-geometric estimate:
   a step whose drafts all pass has no rejection, so steps of different γ pool exactly);
 - c: the drafter's seconds per drafted token over the verify's seconds per step, from the step clocks the engine
-  keeps (`DecodeStats.draft_s`, `verify_s`), or `drafter.draft_cost` where given.
+  keeps (`GenerationStats.draft_s`, `verify_s`), or `drafter.draft_cost` where given.
 Before `WARMUP_STEPS` steps, γ is `drafter.gamma`. Our departures, for a drafter on a CPU or a small GPU model:
 the paper's c is a ratio measured once; ours spreads over the drafts the drafter's catch-up on the tokens it has
 not seen (EAGLE-3's extend pass, a separate model's bonus token) and counts the acceptance's work in the verify,
@@ -39,7 +40,7 @@ def best_gamma(alpha: float, cost: float, max_gamma: int) -> int:
 
 class DraftLength:
     """γ for each step of one generation: `next(stats)` before the step's draft, reading what the engine's
-    `DecodeStats` recorded of the steps before it."""
+    `GenerationStats` recorded of the steps before it."""
 
     def __init__(self, gamma: int, policy: str = "fixed", max_gamma: int = 8, draft_cost: float | None = None):
         self.gamma, self.policy, self.max_gamma, self.draft_cost = gamma, policy, max_gamma, draft_cost
@@ -74,8 +75,9 @@ class DraftLength:
         self._seen = (steps, drafted, accepted)
 
     def record(self, stats) -> None:
-        """The rejections α was estimated from (`summary.json` extras; with `num_accepted_tokens`, α over the
-        run is accepted / (accepted + rejections)); the mean γ is num_draft_tokens / num_drafts."""
+        """The counts α was estimated from (`summary.json` extras: α over the run = draft_accepted /
+        (draft_accepted + draft_rejections)); the mean γ is num_draft_tokens / num_drafts. The generation's last
+        step is left out, as in the estimates: a stop token or the length limit may cut its accepted drafts."""
         if self.policy != "fixed":
-            self._update(stats)
+            stats.add_extra("draft_accepted", self.accepted)
             stats.add_extra("draft_rejections", self.rejections)

@@ -36,16 +36,17 @@ def dynamic_tree(drafter: Eagle3Drafter, cache: Eagle3Cache, h_last: torch.Tenso
     (enabled on CUDA): the expansion replays from one CUDA graph per step (`expand_tree`), else it runs eagerly,
     as `expand` (`compiled_expansion`) or `expand_tree`."""
     k = min(top_k, drafter.spec.draft_vocab_size)
-    cache.reserve(0, scratch=depth * k)
+    # scratch rows for the deepest expansion yet: a chain whose length changes step to step (chain_policy=optimal)
+    # keeps its buffers, and with them its graphs, one per shape
+    cache.reserve(0, scratch=max(cache.scratch, depth * k))
     if cache.take_moved() and graphs is not None:  # a graph on old buffers goes (a regrowth, not a recapture bug)
         graphs.forget()
     keep = min(total_tokens - 1, k + depth * k * k)  # the pool's size, known on the host
     inputs = {"h_last": h_last}
     constants = {"keys": cache.buffer_k, "values": cache.buffer_v, "length": cache.length_t, "drafter": drafter,
-                 "embed": embed, "k": k, "depth": depth, "keep": keep}
+                 "embed": embed, "k": k, "depth": depth, "keep": keep, "scratch": cache.scratch}
     if graphs is not None and graphs.enabled:
-        # one graph per shape: a chain whose length changes step to step (chain_policy=optimal) replays its own
-        found = graphs(f"eagle3_tree_{k}x{depth}_{keep}", expand_tree, inputs, constants)
+        found = graphs(f"eagle3_tree_{k}x{depth}_{keep}", expand_tree, inputs, constants)  # one graph per shape
     else:
         found = (expand or expand_tree)(**inputs, **constants)
     kept_tokens, kept_parents, kept = to_host(*found)  # the graph's outputs: read before the next replay
@@ -54,15 +55,15 @@ def dynamic_tree(drafter: Eagle3Drafter, cache: Eagle3Cache, h_last: torch.Tenso
 
 
 def expand_tree(h_last, keys, values, length, drafter: Eagle3Drafter, embed, k: int, depth: int,
-                keep: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                keep: int, scratch: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The tree's tensors at fixed shapes, with no host read (so a CUDA graph can hold it): the kept nodes'
     target tokens, their parents' pool indices (-1: the root) and their pool indices, in creation order.
     `keys`/`values`: the cache's buffers, whose first `length` (a device scalar) rows are cached and whose last
-    depth * k rows are scratch; level l's scratch rows are written at rows scratch_at + l*k and attend to every
+    `scratch` (>= depth * k) rows are scratch; level l's scratch rows are written at rows scratch_at + l*k and attend to every
     row below them, the cached ones (the rows between `length` and `scratch_at` masked out) and their
     ancestors' scratch rows."""
     device = h_last.device
-    scratch_at = keys.shape[1] - depth * k  # the cache's capacity (Eagle3Cache.reserve: exactly depth * k scratch)
+    scratch_at = keys.shape[1] - scratch  # the cache's capacity
     logp = torch.log_softmax(drafter.logits(h_last[None])[0], dim=-1)
     scores, ids = torch.topk(logp, k)
     tokens = drafter.to_target_ids(ids)

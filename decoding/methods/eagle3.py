@@ -59,8 +59,13 @@ class Eagle3Config:
         check_range("method.chain_length", self.chain_length, 1)
         check_choice("method.chain_policy", self.chain_policy, ("fixed", "optimal"))
         check_range("method.max_chain_length", self.max_chain_length, 1)
+        if self.draft_cost is not None:
+            check_range("method.draft_cost", self.draft_cost, 0.0)
         if self.chain_policy != "fixed" and self.tree:
             raise ConfigError("method.chain_policy=optimal sets the chain's length: it needs method.tree=false")
+        if self.chain_policy != "fixed" and self.compile:
+            raise ConfigError("method.chain_policy=optimal with method.compile=true would compile the expansion once "
+                              "per chain length (~35 s each on a 2-core CPU): set method.compile=false")
 
 
 class Eagle3(Method):

@@ -90,7 +90,7 @@ class VIASD(Method):
         drafter_cfg = self.drafter_config or DrafterConfig()
         if drafter_cfg.gamma_policy != "fixed":  # its steps end at three tiers, not one verify: no (α, c) model
             raise ConfigError(f"drafter.gamma_policy={drafter_cfg.gamma_policy} is for sd and spec_cascade; "
-                              f"method=via_sd drafts drafter.gamma={drafter_cfg.gamma} tokens a step")
+                              f"method=via_sd drafts drafter.gamma={drafter_cfg.gamma} tokens a step: set drafter.gamma_policy=fixed")
         # drafter=eagle3 reads target features; tokens tiers 1-2 settle get theirs at the next full pass
         # (the pending catch-up) and are fed on the drafter's own states until then (eagle3_chain.py)
         self.drafter = build_drafter(drafter_cfg, target)

@@ -55,6 +55,12 @@ def test_estimates_from_the_steps():
     assert length.alpha == pytest.approx((4 * (WARMUP_STEPS + 3) + 2) / (5 * (WARMUP_STEPS + 3) + 2))
     length.record(stats)
     assert stats.extra["draft_rejections"] == WARMUP_STEPS + 3
+    assert stats.extra["draft_accepted"] == 4 * (WARMUP_STEPS + 3) + 2
+    # the last step, which record() does not read, is left out (a stop token may have cut its drafts)
+    record(stats, 5, 1, 0.005, 0.040)
+    again = GenerationStats(extra={})
+    length.record(again)
+    assert again.extra["draft_rejections"] == WARMUP_STEPS + 3
     # a given cost is used as it is, and fixed ignores everything
     given, fresh = DraftLength(5, "optimal", max_gamma=8, draft_cost=0.5), GenerationStats()
     for _ in range(WARMUP_STEPS + 1):
@@ -72,6 +78,10 @@ def test_config_checks():
         DrafterConfig(gamma_policy="optimal", draft_cost=-1.0)
     with pytest.raises(ConfigError, match="chain_policy=optimal sets the chain's length: it needs method.tree=false"):
         Eagle3Config(chain_policy="optimal")
+    with pytest.raises(ConfigError, match="once per chain length"):
+        Eagle3Config(tree=False, chain_policy="optimal", compile=True)
+    with pytest.raises(ConfigError, match="method.draft_cost=-0.5"):
+        Eagle3Config(tree=False, chain_policy="optimal", draft_cost=-0.5)
 
 
 def test_sd_and_spec_cascade_with_the_optimal_gamma_equal_ar(tiny_llama):

@@ -209,9 +209,28 @@ def test_the_tree_expansion_reads_nothing_on_the_host_and_masks_the_buffer_past_
         again, _ = dynamic_tree(drafter, cache, h_last, embed, root=7, top_k=3, depth=3, total_tokens=12)
         reads = _HostReads()
         with reads:
-            expand_tree(h_last, cache.buffer_k, cache.buffer_v, cache.length_t, drafter, embed, k=3, depth=3, keep=11)
+            expand_tree(h_last, cache.buffer_k, cache.buffer_v, cache.length_t, drafter, embed, k=3, depth=3, keep=11,
+                        scratch=cache.scratch)
     assert (again.tokens, again.parents) == (tree.tokens, tree.parents)
     assert reads.count == 0
+
+
+def test_a_chain_of_changing_length_keeps_its_buffers_and_drafts_as_with_exact_scratch(tmp_path):
+    """chain_policy=optimal: lengths change step to step; the scratch stays at the longest chain's (no new buffers,
+    so a captured graph per length survives), and a shorter chain over the larger scratch drafts what it drafts
+    on a cache with exactly its own scratch."""
+    drafter = random_drafter(tmp_path)
+    cache, h_last, embed = primed(drafter)
+    with torch.inference_mode():
+        dynamic_tree(drafter, cache, h_last, embed, root=7, top_k=1, depth=4, total_tokens=6)
+        cache.take_moved()
+        for depth in (1, 3, 0, 4):
+            chain, _ = dynamic_tree(drafter, cache, h_last, embed, root=7, top_k=1, depth=depth, total_tokens=depth + 2)
+            assert not cache.take_moved() and cache.scratch == 4
+            exact = primed(drafter)[0]  # the same rows, its scratch made for this depth alone
+            want, _ = dynamic_tree(drafter, exact, h_last, embed, root=7, top_k=1, depth=depth, total_tokens=depth + 2)
+            assert exact.scratch == depth
+            assert (chain.tokens, chain.parents) == (want.tokens, want.parents) and len(chain) == depth + 2
 
 
 @pytest.mark.parametrize("length", [1, 4])
