@@ -31,10 +31,12 @@ from decoding.engine.tree import TokenTree
 @torch.inference_mode()
 def dynamic_tree(drafter: Eagle3Drafter, cache: Eagle3Cache, h_last: torch.Tensor, embed, root: int, top_k: int,
                  depth: int, total_tokens: int, graphs: GraphReplayer | None = None,
-                 expand=None) -> tuple[TokenTree, int]:
+                 expand=None, admit=None) -> tuple[TokenTree, int]:
     """The tree (root + at most total_tokens - 1 drafts) and the number of drafter passes it took. `graphs`
     (enabled on CUDA): the expansion replays from one CUDA graph per step (`expand_tree`), else it runs eagerly,
-    as `expand` (`compiled_expansion`) or `expand_tree`."""
+    as `expand` (`compiled_expansion`) or `expand_tree`. `admit` (method.budget=cost_aware): given the kept nodes'
+    scores best first, how many to keep (verify_cost.CostAwareStop); the best that many are kept, a set closed
+    under ancestry as the rerank's is."""
     k = min(top_k, drafter.spec.draft_vocab_size)
     # scratch rows for the deepest expansion yet: a chain whose length changes step to step (chain_policy=optimal)
     # keeps its buffers, and with them its graphs, one per shape
@@ -49,15 +51,20 @@ def dynamic_tree(drafter: Eagle3Drafter, cache: Eagle3Cache, h_last: torch.Tenso
         found = graphs(f"eagle3_tree_{k}x{depth}_{keep}", expand_tree, inputs, constants)  # one graph per shape
     else:
         found = (expand or expand_tree)(**inputs, **constants)
-    kept_tokens, kept_parents, kept = to_host(*found)  # the graph's outputs: read before the next replay
+    kept_tokens, kept_parents, kept, scores = to_host(*found)  # the graph's outputs: read before the next replay
+    if admit is not None:
+        best_first = sorted(range(len(kept)), key=lambda i: (-scores[i], i))  # ties: parents first, as the rerank
+        chosen = sorted(best_first[:admit([scores[i] for i in best_first])])
+        kept_tokens, kept_parents, kept = ([values[i] for i in chosen] for values in (kept_tokens, kept_parents, kept))
     node_of = {-1: 0, **{pool_index: node for node, pool_index in enumerate(kept, start=1)}}
     return TokenTree([root, *kept_tokens], [-1, *(node_of[p] for p in kept_parents)]), depth
 
 
 def expand_tree(h_last, keys, values, length, drafter: Eagle3Drafter, embed, k: int, depth: int,
-                keep: int, scratch: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                keep: int, scratch: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The tree's tensors at fixed shapes, with no host read (so a CUDA graph can hold it): the kept nodes'
-    target tokens, their parents' pool indices (-1: the root) and their pool indices, in creation order.
+    target tokens, their parents' pool indices (-1: the root), their pool indices and their scores (cumulative
+    draft log-probabilities), in creation order.
     `keys`/`values`: the cache's buffers, whose first `length` (a device scalar) rows are cached and whose last
     `scratch` (>= depth * k) rows are scratch; level l's scratch rows are written at rows scratch_at + l*k and attend to every
     row below them, the cached ones (the rows between `length` and `scratch_at` masked out) and their
@@ -98,7 +105,7 @@ def expand_tree(h_last, keys, values, length, drafter: Eagle3Drafter, embed, k: 
         visible = torch.cat([visible.index_select(0, parent_row), eye.index_select(0, parent_row)], dim=1)
     all_scores, all_tokens, all_parents = torch.cat(pool_scores), torch.cat(pool_tokens), torch.cat(pool_parents)
     order = torch.sort(all_scores, descending=True, stable=True).indices[:keep].sort().values
-    return all_tokens.index_select(0, order), all_parents.index_select(0, order), order
+    return all_tokens.index_select(0, order), all_parents.index_select(0, order), order, all_scores.index_select(0, order)
 
 
 def compiled_expansion(enabled: bool):

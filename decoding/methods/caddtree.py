@@ -18,8 +18,8 @@ from decoding.methods.block_draft import BlockDraftMethod
 from decoding.drafting.marginal_tree import MarginalTrees
 from decoding.engine.loop import DecodeState, Proposal
 from decoding.engine.target import TargetModel
-from decoding.drafting.verify_cost import (CostAwareStop, admissible_node_grid, cached_cost_model, machine_key,
-                                  profile_verify_cost)
+from decoding.drafting.verify_cost import (CostAwareStop, cached_cost_model, check_profile_grid, machine_key,
+                                           profile_verify_cost, profiled_contexts)
 from pipeline.errors import check_range
 
 STEADY_STATE_NEW_ROWS = 4  # context rows a drafting round projects: about the tokens committed per round
@@ -42,31 +42,6 @@ class CaDDTreeConfig:
     def __post_init__(self) -> None:
         check_range("method.max_budget", self.max_budget, 1)
         check_profile_grid(self)
-
-
-def check_profile_grid(cfg) -> None:
-    """Fill the default node grid; refuse one that does not cover the budget that can be admitted."""
-    from pipeline.errors import ConfigError
-
-    if cfg.profile_node_counts is None:
-        cfg.profile_node_counts = admissible_node_grid(cfg.max_budget)
-    counts = list(cfg.profile_node_counts)
-    if len(counts) < 2 or sorted(set(counts)) != counts:
-        raise ConfigError("method.profile_node_counts must be increasing, at least two values")
-    if counts[-1] < cfg.max_budget:
-        raise ConfigError(f"method.profile_node_counts ends at {counts[-1]} but method.max_budget={cfg.max_budget}: "
-                          "the cost model must be profiled up to the largest tree it may admit")
-    contexts = cfg.profile_context_lengths
-    if contexts is not None and (not contexts or sorted(set(contexts)) != list(contexts)):
-        raise ConfigError("method.profile_context_lengths must be increasing, at least one value")
-
-
-def profiled_contexts(cfg, device: torch.device) -> list[int]:
-    """`method.profile_context_lengths`, or its default for the device: a GPU run reaches thousands of
-    tokens (dominotree_table: 2048 new ones), and a context past the grid is priced as its last one."""
-    if cfg.profile_context_lengths is not None:
-        return list(cfg.profile_context_lengths)
-    return list(range(0, 8193, 1024)) if torch.device(device).type == "cuda" else [64, 512, 1024]
 
 
 def machine_cost_model(method: BlockDraftMethod, target: TargetModel, cfg) -> "VerifyCostModel":  # noqa: F821

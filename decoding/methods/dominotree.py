@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from typing import Optional
 
 from decoding.methods.block_draft import BlockDraftMethod
-from decoding.methods.caddtree import check_profile_grid, machine_cost_model
+from decoding.drafting.verify_cost import check_profile_grid
+from decoding.methods.caddtree import machine_cost_model
 from decoding.drafting.domino_scorer import LevelBuilder, ReferenceScorer
 from decoding.drafting.draft_tree import build_best_first
 from decoding.drafting.marginal_tree import MarginalTrees

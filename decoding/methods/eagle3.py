@@ -12,15 +12,21 @@ the expansion's rows discarded). The drafter (`decoding/drafting/eagle3_drafter.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass, field
 from typing import Optional
 
+import numpy as np
 import torch
 
 from decoding.drafting.draft_length import DraftLength
+from decoding.drafting.verify_cost import (CostAwareStop, cached_cost_model, check_profile_grid, machine_key,
+                                           profile_verify_cost, profiled_contexts)
 from decoding.drafting.eagle3_drafter import fitted_embeddings, load_eagle3
 from decoding.drafting.eagle_tree import compiled_expansion, dynamic_tree
 from decoding.engine import cuda_graph
+from decoding.engine.packed_linear import pack_held_linears
 from decoding.engine.loop import DecodeState, Method, Proposal, StepResult
 from decoding.engine.target import ForwardOutput, TargetModel
 from decoding.engine.transfer import to_device
@@ -37,6 +43,12 @@ class Eagle3Config:
     total_tokens: int = 60  # tree nodes including the root (EAGLE's total_token; its eval scripts use 60)
     depth: int = 5  # expansions after the first top-k: drafts reach depth + 1 (EAGLE's depth)
     top_k: int = 10  # frontier width and children per node (EAGLE's top_k)
+    # fixed: the total_tokens - 1 best nodes | cost_aware (ours): of those, as many as CaDDTree's stop admits, by their
+    # draft path probabilities against this machine's profiled verify cost (decoding/drafting/verify_cost.py)
+    budget: str = "fixed"
+    profile_node_counts: Optional[list[int]] = None  # budget=cost_aware: as method=caddtree (null: 0, 1, 2, 4, ...)
+    profile_context_lengths: Optional[list[int]] = None
+    profile_repeats: int = 5
     chain_length: int = 5  # tree=false: drafts per step (SGLang's speculative_num_steps default)
     # tree=false: fixed (chain_length drafts) | optimal (Leviathan et al.'s length from the measured acceptance and
     # drafter cost, each step; as drafter.gamma_policy, decoding/drafting/draft_length.py)
@@ -61,6 +73,16 @@ class Eagle3Config:
         check_range("method.max_chain_length", self.max_chain_length, 1)
         if self.draft_cost is not None:
             check_range("method.draft_cost", self.draft_cost, 0.0)
+        check_choice("method.budget", self.budget, ("fixed", "cost_aware"))
+        if self.budget == "cost_aware":
+            if not self.tree:
+                raise ConfigError("method.budget=cost_aware trims the dynamic tree: it needs method.tree=true")
+            check_profile_grid(self)
+
+    @property
+    def max_budget(self) -> int:
+        """The most draft nodes a tree can have (what budget=cost_aware's profile must cover)."""
+        return self.total_tokens - 1
         if self.chain_policy != "fixed" and self.tree:
             raise ConfigError("method.chain_policy=optimal sets the chain's length: it needs method.tree=false")
         if self.chain_policy != "fixed" and self.compile:
@@ -85,6 +107,31 @@ class Eagle3(Method):
         self.cache = self.drafter.new_cache()  # its buffers are kept from prompt to prompt (so is a captured tree)
         cfg = self.config
         self.chain_length = DraftLength(cfg.chain_length, cfg.chain_policy, cfg.max_chain_length, cfg.draft_cost)
+        self.cost = None
+        if cfg.budget == "cost_aware":
+            if target.packed_linears:  # packed before it is timed (the runner would pack it only after setup)
+                pack_held_linears(self.drafter, target.dtype)
+            self.cost = self.cost_model(target)
+
+    def cost_model(self, target: TargetModel):
+        """The verify cost curve and one tree expansion's cost, profiled once per machine (cached)."""
+        cfg, spec = self.config, self.drafter.spec
+        cache = self.drafter.new_cache()
+        cache.clear(512)
+        tokens = torch.zeros(256, dtype=torch.long, device=target.device)
+        rows = self.drafter.extend(cache, torch.zeros(256, 3 * spec.target_hidden_size, device=target.device,
+                                                      dtype=target.dtype), self.embed(tokens))
+
+        def draft_once():
+            dynamic_tree(self.drafter, cache, rows[-1], self.embed, 0, cfg.top_k, cfg.depth, cfg.total_tokens,
+                         None, self.expand)
+
+        contexts = profiled_contexts(cfg, target.device)
+        grid = json.dumps([list(cfg.profile_node_counts), contexts, cfg.profile_repeats, cfg.top_k, cfg.depth,
+                           cfg.total_tokens])
+        key = machine_key(target, cfg.drafter) + "-eagle3-" + hashlib.sha1(grid.encode()).hexdigest()[:10]
+        return cached_cost_model(key, lambda: profile_verify_cost(
+            target, list(cfg.profile_node_counts), contexts, cfg.profile_repeats, draft_once))
 
     def prefill_hidden_layers(self) -> tuple[int, ...]:
         return self.taps
@@ -125,8 +172,14 @@ class Eagle3(Method):
         else:
             length = self.chain_length.next(state.stats)
             top_k, depth, total = 1, length - 1, length + 1
+        admit = None
+        if self.cost is not None:
+            stop = CostAwareStop(self.cost, self.target.cache_len)
+            admit = lambda scores: stop.admitted(np.asarray(scores))  # noqa: E731
         tree, passes = dynamic_tree(self.drafter, self.cache, h[-1], self.embed, state.root, top_k, depth, total,
-                                    self.graphs, self.expand)
+                                    self.graphs, self.expand, admit)
+        if self.cost is not None:
+            state.stats.add_extra("tree_nodes", len(tree) - 1)
         self.passes += passes
         return Proposal(tree, hidden_layers=self.taps)
 

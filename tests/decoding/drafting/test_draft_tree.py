@@ -335,7 +335,8 @@ def test_the_default_profile_grid_reaches_the_admitted_budget_and_short_grids_ar
 def test_the_default_context_grid_reaches_gpu_run_lengths_and_a_longer_context_warns_once(caplog):
     """dominotree_table decodes 2048 new tokens on GPUs: a grid ending at 1024 priced most rounds as if
     at 1024. The default is the reference's 0..8192 on a GPU; past the grid, one warning says so."""
-    from decoding.methods.caddtree import CaDDTreeConfig, profiled_contexts
+    from decoding.drafting.verify_cost import profiled_contexts
+    from decoding.methods.caddtree import CaDDTreeConfig
     from decoding.methods.dominotree import DominoTreeConfig
 
     assert profiled_contexts(CaDDTreeConfig(), torch.device("cuda", 0)) == list(range(0, 8193, 1024))

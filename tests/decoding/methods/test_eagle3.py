@@ -403,3 +403,39 @@ def test_via_sd_with_eagle3_on_a_one_token_prompt_runs_the_full_target_first(tin
     state = generate(via, tiny_target, PROMPT[:1], max_new_tokens=6, temperature=1.0, seed=2)
     assert len(state.new_tokens) == 6 and state.stats.extra.get("escalations", 0) >= 1
     assert state.stats.target_forwards > state.stats.extra.get("slim_forwards", 0)
+
+
+def test_cost_aware_budget_trims_the_tree_by_the_profiled_cost_and_stays_lossless(tiny_target, tmp_path, monkeypatch):
+    """method.budget=cost_aware: CaDDTree's stop on EAGLE-2's reranked nodes. Profiled here (cached under the test's
+    cache dir): greedy output equals AR. With a cost curve made flat every node pays and the whole tree is kept; with
+    a steep one fewer nodes are, and the kept ones are the best by score (so closed under ancestry)."""
+    from decoding.drafting.verify_cost import VerifyCostModel
+
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    folder = tiny_eagle3(tiny_target, tmp_path / "eagle3")
+    profile = dict(profile_node_counts=[0, 1, 2, 4, 8, 11], profile_context_lengths=[8, 64], profile_repeats=1)
+    config = Eagle3Config(drafter=folder, total_tokens=12, depth=3, top_k=3, budget="cost_aware", **profile)
+    method = Eagle3(config)
+    method.setup(tiny_target)
+    assert method.cost.max_nodes == 11 and list((tmp_path / "cache" / "cost_models").iterdir())
+    ar = generate(AR(), tiny_target, PROMPT, max_new_tokens=30).new_tokens
+    state = generate(method, tiny_target, PROMPT, max_new_tokens=30)
+    assert state.new_tokens == ar and state.stats.extra["tree_nodes"] > 0
+    counts = [0, 1, 2, 4, 8, 11]
+    sizes = {}
+    for name, curve in (("flat", [1.0] * 6), ("steep", [1.0 + n for n in counts])):
+        method.cost = VerifyCostModel(counts, [8], [curve], draft_s=0.0)
+        trees = []
+        propose = method.propose
+        method.propose = lambda state, p=propose: trees.append(p(state)) or trees[-1]
+        assert generate(method, tiny_target, PROMPT, max_new_tokens=30).new_tokens == ar
+        del method.propose
+        sizes[name] = [len(t.tree) - 1 for t in trees]
+        for tree in (t.tree for t in trees):
+            assert all(0 <= p < i for i, p in enumerate(tree.parents[1:], start=1))
+    assert all(n == 11 for n in sizes["flat"])  # every node adds probability at no cost
+    assert max(sizes["steep"]) < 11 and min(sizes["steep"]) >= 0
+    with pytest.raises(ConfigError, match="budget=cost_aware trims the dynamic tree"):
+        Eagle3Config(drafter=folder, tree=False, budget="cost_aware")
+    with pytest.raises(ConfigError, match="profile_node_counts ends at 4 but method.max_budget=11"):
+        Eagle3Config(drafter=folder, total_tokens=12, budget="cost_aware", profile_node_counts=[0, 2, 4])
