@@ -66,9 +66,9 @@ def expand_tree(h_last, keys, values, length, drafter: Eagle3Drafter, embed, k: 
     target tokens, their parents' pool indices (-1: the root), their pool indices and their scores (cumulative
     draft log-probabilities), in creation order.
     `keys`/`values`: the cache's buffers, whose first `length` (a device scalar) rows are cached and whose last
-    `scratch` (>= depth * k) rows are scratch; level l's scratch rows are written at rows scratch_at + l*k and attend to every
-    row below them, the cached ones (the rows between `length` and `scratch_at` masked out) and their
-    ancestors' scratch rows."""
+    `scratch` (>= depth * k) rows are scratch; level l's scratch rows are written at rows scratch_at + l*k and
+    attend to every row below them, the cached ones (the rows between `length` and `scratch_at` masked out) and
+    their ancestors' scratch rows."""
     device = h_last.device
     scratch_at = keys.shape[1] - scratch  # the cache's capacity
     logp = torch.log_softmax(drafter.logits(h_last[None])[0], dim=-1)
@@ -105,7 +105,8 @@ def expand_tree(h_last, keys, values, length, drafter: Eagle3Drafter, embed, k: 
         visible = torch.cat([visible.index_select(0, parent_row), eye.index_select(0, parent_row)], dim=1)
     all_scores, all_tokens, all_parents = torch.cat(pool_scores), torch.cat(pool_tokens), torch.cat(pool_parents)
     order = torch.sort(all_scores, descending=True, stable=True).indices[:keep].sort().values
-    return all_tokens.index_select(0, order), all_parents.index_select(0, order), order, all_scores.index_select(0, order)
+    return (all_tokens.index_select(0, order), all_parents.index_select(0, order), order,
+            all_scores.index_select(0, order))
 
 
 def compiled_expansion(enabled: bool):

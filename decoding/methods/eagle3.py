@@ -78,16 +78,16 @@ class Eagle3Config:
             if not self.tree:
                 raise ConfigError("method.budget=cost_aware trims the dynamic tree: it needs method.tree=true")
             check_profile_grid(self)
-
-    @property
-    def max_budget(self) -> int:
-        """The most draft nodes a tree can have (what budget=cost_aware's profile must cover)."""
-        return self.total_tokens - 1
         if self.chain_policy != "fixed" and self.tree:
             raise ConfigError("method.chain_policy=optimal sets the chain's length: it needs method.tree=false")
         if self.chain_policy != "fixed" and self.compile:
             raise ConfigError("method.chain_policy=optimal with method.compile=true would compile the expansion once "
                               "per chain length (~35 s each on a 2-core CPU): set method.compile=false")
+
+    @property
+    def max_budget(self) -> int:
+        """The most draft nodes a tree can have (what budget=cost_aware's profile must cover)."""
+        return self.total_tokens - 1
 
 
 class Eagle3(Method):
