@@ -33,6 +33,8 @@ from decoding.engine.transfer import synchronize
 
 log = logging.getLogger(__name__)
 
+STEADY_STATE_NEW_ROWS = 4  # context rows a drafting round projects: about the tokens committed per round
+
 
 def fit_monotone_convex(xs, ys) -> np.ndarray:
     """Least-squares fit of a non-decreasing convex sequence to (xs, ys), xs increasing."""
@@ -167,8 +169,9 @@ def admissible_node_grid(max_budget: int) -> list[int]:
     return grid
 
 
-def check_profile_grid(cfg) -> None:
-    """Fill the default node grid; refuse one that does not cover the budget that can be admitted."""
+def check_profile_grid(cfg, budget_name: str = "method.max_budget") -> None:
+    """Fill the default node grid; refuse one that does not cover the budget that can be admitted (`cfg.max_budget`,
+    named `budget_name` in the error)."""
     from pipeline.errors import ConfigError
 
     if cfg.profile_node_counts is None:
@@ -177,7 +180,7 @@ def check_profile_grid(cfg) -> None:
     if len(counts) < 2 or sorted(set(counts)) != counts:
         raise ConfigError("method.profile_node_counts must be increasing, at least two values")
     if counts[-1] < cfg.max_budget:
-        raise ConfigError(f"method.profile_node_counts ends at {counts[-1]} but method.max_budget={cfg.max_budget}: "
+        raise ConfigError(f"method.profile_node_counts ends at {counts[-1]} but {budget_name}={cfg.max_budget}: "
                           "the cost model must be profiled up to the largest tree it may admit")
     contexts = cfg.profile_context_lengths
     if contexts is not None and (not contexts or sorted(set(contexts)) != list(contexts)):

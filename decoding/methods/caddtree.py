@@ -18,11 +18,9 @@ from decoding.methods.block_draft import BlockDraftMethod
 from decoding.drafting.marginal_tree import MarginalTrees
 from decoding.engine.loop import DecodeState, Proposal
 from decoding.engine.target import TargetModel
-from decoding.drafting.verify_cost import (CostAwareStop, cached_cost_model, check_profile_grid, machine_key,
-                                           profile_verify_cost, profiled_contexts)
+from decoding.drafting.verify_cost import (STEADY_STATE_NEW_ROWS, CostAwareStop, cached_cost_model,
+                                           check_profile_grid, machine_key, profile_verify_cost, profiled_contexts)
 from pipeline.errors import check_range
-
-STEADY_STATE_NEW_ROWS = 4  # context rows a drafting round projects: about the tokens committed per round
 
 
 @dataclass

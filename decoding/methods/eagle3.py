@@ -21,8 +21,8 @@ import numpy as np
 import torch
 
 from decoding.drafting.draft_length import DraftLength
-from decoding.drafting.verify_cost import (CostAwareStop, cached_cost_model, check_profile_grid, machine_key,
-                                           profile_verify_cost, profiled_contexts)
+from decoding.drafting.verify_cost import (STEADY_STATE_NEW_ROWS, CostAwareStop, cached_cost_model,
+                                           check_profile_grid, machine_key, profile_verify_cost, profiled_contexts)
 from decoding.drafting.eagle3_drafter import fitted_embeddings, load_eagle3
 from decoding.drafting.eagle_tree import compiled_expansion, dynamic_tree
 from decoding.engine import cuda_graph
@@ -77,7 +77,7 @@ class Eagle3Config:
         if self.budget == "cost_aware":
             if not self.tree:
                 raise ConfigError("method.budget=cost_aware trims the dynamic tree: it needs method.tree=true")
-            check_profile_grid(self)
+            check_profile_grid(self, "method.total_tokens - 1")
         if self.chain_policy != "fixed" and self.tree:
             raise ConfigError("method.chain_policy=optimal sets the chain's length: it needs method.tree=false")
         if self.chain_policy != "fixed" and self.compile:
@@ -114,21 +114,31 @@ class Eagle3(Method):
             self.cost = self.cost_model(target)
 
     def cost_model(self, target: TargetModel):
-        """The verify cost curve and one tree expansion's cost, profiled once per machine (cached)."""
+        """The verify cost curve and one drafting round's cost (the drafter's extension by the rows a step commits,
+        then the tree's expansion, replayed from a graph where decoding replays one), profiled once per machine
+        (cached)."""
         cfg, spec = self.config, self.drafter.spec
         cache = self.drafter.new_cache()
         cache.clear(512)
+        width = 3 * spec.target_hidden_size
         tokens = torch.zeros(256, dtype=torch.long, device=target.device)
-        rows = self.drafter.extend(cache, torch.zeros(256, 3 * spec.target_hidden_size, device=target.device,
-                                                      dtype=target.dtype), self.embed(tokens))
+        self.drafter.extend(cache, torch.zeros(256, width, device=target.device, dtype=target.dtype),
+                            self.embed(tokens))
+        committed = torch.zeros(STEADY_STATE_NEW_ROWS, width, device=target.device, dtype=target.dtype)
+        # its own replayer: a graph captured on this throwaway cache must not be the decoding cache's
+        graphs = cuda_graph.graphs_for(self.drafter.lm_head.weight.device, cfg.cuda_graph and not cfg.compile,
+                                       "method.cuda_graph")
 
         def draft_once():
+            length = cache.length
+            rows = self.drafter.extend(cache, committed, self.embed(tokens[:STEADY_STATE_NEW_ROWS]))
             dynamic_tree(self.drafter, cache, rows[-1], self.embed, 0, cfg.top_k, cfg.depth, cfg.total_tokens,
-                         None, self.expand)
+                         graphs, self.expand)
+            cache.set_length(length)  # every round drafts after the same rows
 
         contexts = profiled_contexts(cfg, target.device)
         grid = json.dumps([list(cfg.profile_node_counts), contexts, cfg.profile_repeats, cfg.top_k, cfg.depth,
-                           cfg.total_tokens])
+                           cfg.total_tokens, cfg.cuda_graph, cfg.compile])
         key = machine_key(target, cfg.drafter) + "-eagle3-" + hashlib.sha1(grid.encode()).hexdigest()[:10]
         return cached_cost_model(key, lambda: profile_verify_cost(
             target, list(cfg.profile_node_counts), contexts, cfg.profile_repeats, draft_once))

@@ -407,9 +407,12 @@ def test_via_sd_with_eagle3_on_a_one_token_prompt_runs_the_full_target_first(tin
 
 def test_cost_aware_budget_trims_the_tree_by_the_profiled_cost_and_stays_lossless(tiny_target, tmp_path, monkeypatch):
     """method.budget=cost_aware: CaDDTree's stop on EAGLE-2's reranked nodes. Profiled here (cached under the test's
-    cache dir): greedy output equals AR. With a cost curve made flat every node pays and the whole tree is kept; with
-    a steep one fewer nodes are, and the kept ones are the best by score (so closed under ancestry)."""
+    cache dir): greedy output equals AR. With a cost curve made flat every node pays and the whole tree is kept;
+    with one flat to 4 nodes and then rising, exactly 4 are kept every step (a 5th would need a path probability
+    above a quarter of 1 + the four before it, each at least its own), and they are the 4 best by score: the tree
+    EAGLE-2's rerank keeps with total_tokens = 5."""
     from decoding.drafting.verify_cost import VerifyCostModel
+    from decoding.methods import eagle3 as eagle3_module
 
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
     folder = tiny_eagle3(tiny_target, tmp_path / "eagle3")
@@ -420,22 +423,29 @@ def test_cost_aware_budget_trims_the_tree_by_the_profiled_cost_and_stays_lossles
     assert method.cost.max_nodes == 11 and list((tmp_path / "cache" / "cost_models").iterdir())
     ar = generate(AR(), tiny_target, PROMPT, max_new_tokens=30).new_tokens
     state = generate(method, tiny_target, PROMPT, max_new_tokens=30)
-    assert state.new_tokens == ar and state.stats.extra["tree_nodes"] > 0
+    assert state.new_tokens == ar and "tree_nodes" in state.stats.extra
+    original = eagle3_module.dynamic_tree
+    pairs = []
+
+    def both(drafter, cache, h_last, embed, root, top_k, depth, total, graphs=None, expand=None, admit=None):
+        best_four, _ = original(drafter, cache, h_last, embed, root, top_k, depth, 5, graphs, expand)
+        pairs.append((original(drafter, cache, h_last, embed, root, top_k, depth, total, graphs, expand, admit),
+                      best_four))
+        return pairs[-1][0]
+
+    monkeypatch.setattr(eagle3_module, "dynamic_tree", both)
     counts = [0, 1, 2, 4, 8, 11]
-    sizes = {}
-    for name, curve in (("flat", [1.0] * 6), ("steep", [1.0 + n for n in counts])):
+    for name, curve in (("flat", [1.0] * 6), ("knee", [1.0, 1.0, 1.0, 1.0, 2.0, 3.0])):
         method.cost = VerifyCostModel(counts, [8], [curve], draft_s=0.0)
-        trees = []
-        propose = method.propose
-        method.propose = lambda state, p=propose: trees.append(p(state)) or trees[-1]
+        pairs.clear()
         assert generate(method, tiny_target, PROMPT, max_new_tokens=30).new_tokens == ar
-        del method.propose
-        sizes[name] = [len(t.tree) - 1 for t in trees]
-        for tree in (t.tree for t in trees):
-            assert all(0 <= p < i for i, p in enumerate(tree.parents[1:], start=1))
-    assert all(n == 11 for n in sizes["flat"])  # every node adds probability at no cost
-    assert max(sizes["steep"]) < 11 and min(sizes["steep"]) >= 0
+        assert pairs
+        for (tree, _), best_four in pairs:
+            if name == "flat":  # every node adds probability at no cost
+                assert len(tree) - 1 == 11
+            else:
+                assert (tree.tokens, tree.parents) == (best_four.tokens, best_four.parents) and len(tree) == 5
     with pytest.raises(ConfigError, match="budget=cost_aware trims the dynamic tree"):
         Eagle3Config(drafter=folder, tree=False, budget="cost_aware")
-    with pytest.raises(ConfigError, match="profile_node_counts ends at 4 but method.max_budget=11"):
+    with pytest.raises(ConfigError, match=r"profile_node_counts ends at 4 but method.total_tokens - 1=11"):
         Eagle3Config(drafter=folder, total_tokens=12, budget="cost_aware", profile_node_counts=[0, 2, 4])
