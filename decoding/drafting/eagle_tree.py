@@ -51,8 +51,11 @@ def dynamic_tree(drafter: Eagle3Drafter, cache: Eagle3Cache, h_last: torch.Tenso
         found = graphs(f"eagle3_tree_{k}x{depth}_{keep}", expand_tree, inputs, constants)  # one graph per shape
     else:
         found = (expand or expand_tree)(**inputs, **constants)
-    kept_tokens, kept_parents, kept, scores = to_host(*found)  # the graph's outputs: read before the next replay
+    # the graph's outputs, read before the next replay; the scores only where a stop reads them (the three id
+    # tensors alone take to_host's int64 path, without a float64 round trip)
+    kept_tokens, kept_parents, kept, *scores = to_host(*(found if admit is not None else found[:3]))
     if admit is not None:
+        scores = scores[0]
         best_first = sorted(range(len(kept)), key=lambda i: (-scores[i], i))  # ties: parents first, as the rerank
         chosen = sorted(best_first[:admit([scores[i] for i in best_first])])
         kept_tokens, kept_parents, kept = ([values[i] for i in chosen] for values in (kept_tokens, kept_parents, kept))

@@ -18,6 +18,7 @@ best node (path probability delta) only while the surrogate throughput rises:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -230,6 +231,18 @@ def profile_verify_cost(target, node_counts: list[int], context_lengths: list[in
         draft_times.append(time.perf_counter() - t0)
     fitted = [fit_monotone_convex(node_counts, row).tolist() for row in medians]
     return VerifyCostModel(list(node_counts), list(context_lengths), fitted, statistics.median(draft_times[1:]))
+
+
+def profiled_cost_model(target, cfg, draft_fn, tag: str = "", shape: tuple = ()) -> VerifyCostModel:
+    """The cost model of a method's `cfg` (its `drafter`, `profile_node_counts`, `profile_context_lengths`,
+    `profile_repeats`), profiled with `draft_fn` for Cd, or read from the cache: keyed by the machine, the
+    profile grid and what else changes the draft's cost (`shape`; `tag` names the method kind in the key)."""
+    contexts = profiled_contexts(cfg, target.device)
+    grid = json.dumps([list(cfg.profile_node_counts), contexts, cfg.profile_repeats, *shape])
+    digest = hashlib.sha1(grid.encode()).hexdigest()[:10]
+    key = machine_key(target, cfg.drafter) + (f"-{tag}" if tag else "") + "-" + digest
+    return cached_cost_model(key, lambda: profile_verify_cost(
+        target, list(cfg.profile_node_counts), contexts, cfg.profile_repeats, draft_fn))
 
 
 def cached_cost_model(key: str, build) -> VerifyCostModel:

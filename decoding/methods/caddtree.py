@@ -7,8 +7,6 @@ on this machine (see `decoding/drafting/verify_cost.py`) and cached per model + 
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass
 from typing import Optional
 
@@ -18,8 +16,7 @@ from decoding.methods.block_draft import BlockDraftMethod
 from decoding.drafting.marginal_tree import MarginalTrees
 from decoding.engine.loop import DecodeState, Proposal
 from decoding.engine.target import TargetModel
-from decoding.drafting.verify_cost import (STEADY_STATE_NEW_ROWS, CostAwareStop, cached_cost_model,
-                                           check_profile_grid, machine_key, profile_verify_cost, profiled_contexts)
+from decoding.drafting.verify_cost import STEADY_STATE_NEW_ROWS, CostAwareStop, check_profile_grid, profiled_cost_model
 from pipeline.errors import check_range
 
 
@@ -56,11 +53,7 @@ def machine_cost_model(method: BlockDraftMethod, target: TargetModel, cfg) -> "V
     def draft_once():
         method.head_logits(method.drafter.draft(cache, committed, block, cache.length + len(committed)))
 
-    contexts = profiled_contexts(cfg, target.device)
-    grid = json.dumps([list(cfg.profile_node_counts), contexts, cfg.profile_repeats])
-    key = machine_key(target, cfg.drafter) + "-" + hashlib.sha1(grid.encode()).hexdigest()[:10]
-    return cached_cost_model(key, lambda: profile_verify_cost(
-        target, list(cfg.profile_node_counts), contexts, cfg.profile_repeats, draft_once))
+    return profiled_cost_model(target, cfg, draft_once)
 
 
 class CaDDTree(BlockDraftMethod):

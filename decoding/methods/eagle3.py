@@ -12,8 +12,6 @@ the expansion's rows discarded). The drafter (`decoding/drafting/eagle3_drafter.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -21,8 +19,7 @@ import numpy as np
 import torch
 
 from decoding.drafting.draft_length import DraftLength
-from decoding.drafting.verify_cost import (STEADY_STATE_NEW_ROWS, CostAwareStop, cached_cost_model,
-                                           check_profile_grid, machine_key, profile_verify_cost, profiled_contexts)
+from decoding.drafting.verify_cost import STEADY_STATE_NEW_ROWS, CostAwareStop, check_profile_grid, profiled_cost_model
 from decoding.drafting.eagle3_drafter import fitted_embeddings, load_eagle3
 from decoding.drafting.eagle_tree import compiled_expansion, dynamic_tree
 from decoding.engine import cuda_graph
@@ -136,12 +133,8 @@ class Eagle3(Method):
                          graphs, self.expand)
             cache.set_length(length)  # every round drafts after the same rows
 
-        contexts = profiled_contexts(cfg, target.device)
-        grid = json.dumps([list(cfg.profile_node_counts), contexts, cfg.profile_repeats, cfg.top_k, cfg.depth,
-                           cfg.total_tokens, cfg.cuda_graph, cfg.compile])
-        key = machine_key(target, cfg.drafter) + "-eagle3-" + hashlib.sha1(grid.encode()).hexdigest()[:10]
-        return cached_cost_model(key, lambda: profile_verify_cost(
-            target, list(cfg.profile_node_counts), contexts, cfg.profile_repeats, draft_once))
+        return profiled_cost_model(target, cfg, draft_once, "eagle3",
+                                   (cfg.top_k, cfg.depth, cfg.total_tokens, cfg.cuda_graph, cfg.compile))
 
     def prefill_hidden_layers(self) -> tuple[int, ...]:
         return self.taps
