@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from decoding.drafting.dflash_drafter import forget_resolved
 from decoding.engine.loop import Method
-from decoding.engine.packed_linear import pack_held_linears
+from decoding.engine.packed_linear import pack_like_target
 from decoding.engine.target import TargetModel
 from pipeline import provenance, table
 from pipeline.errors import named_line
@@ -47,8 +47,7 @@ def build_method(method_cfg, target: TargetModel, drafter_cfg=None) -> Method:
     cls = get_class(method_cfg._target_)
     method = cls(method_cfg, drafter=drafter_cfg) if getattr(cls, "uses_drafter", False) else cls(method_cfg)
     method.setup(target)
-    if target.packed_linears:  # the drafters it loaded run as the target does (decoding/engine/packed_linear.py)
-        pack_held_linears(method, target.dtype)
+    pack_like_target(method, target)  # the drafters it loaded run as the target does
     return method
 
 

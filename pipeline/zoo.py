@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from decoding.engine.packed_linear import pack_like_target
 from decoding.engine.target import TargetModel
 
 SHAPES = {
@@ -303,4 +304,5 @@ def build_method(name: str, target: TargetModel, folder: Path, shape: str = "tin
     else:
         method = cls(cfg)
     method.setup(target)
+    pack_like_target(method, target)  # as the runner does: the drafters run as the target does
     return method

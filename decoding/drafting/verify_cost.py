@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from decoding.engine.packed_linear import pack_like_target
 from decoding.engine.transfer import synchronize
 
 log = logging.getLogger(__name__)
@@ -233,10 +234,12 @@ def profile_verify_cost(target, node_counts: list[int], context_lengths: list[in
     return VerifyCostModel(list(node_counts), list(context_lengths), fitted, statistics.median(draft_times[1:]))
 
 
-def profiled_cost_model(target, cfg, draft_fn, tag: str = "", shape: tuple = ()) -> VerifyCostModel:
-    """The cost model of a method's `cfg` (its `drafter`, `profile_node_counts`, `profile_context_lengths`,
+def profiled_cost_model(target, cfg, draft_fn, method, tag: str = "", shape: tuple = ()) -> VerifyCostModel:
+    """The cost model of a `method`'s `cfg` (its `drafter`, `profile_node_counts`, `profile_context_lengths`,
     `profile_repeats`), profiled with `draft_fn` for Cd, or read from the cache: keyed by the machine, the
-    profile grid and what else changes the draft's cost (`shape`; `tag` names the method kind in the key)."""
+    profile grid and what else changes the draft's cost (`shape`; `tag` names the method kind in the key).
+    The method's drafters are packed first where the target's linears are: Cd times the drafter that decodes."""
+    pack_like_target(method, target)
     contexts = profiled_contexts(cfg, target.device)
     grid = json.dumps([list(cfg.profile_node_counts), contexts, cfg.profile_repeats, *shape])
     digest = hashlib.sha1(grid.encode()).hexdigest()[:10]

@@ -103,3 +103,11 @@ def pack_held_linears(owner, dtype: torch.dtype) -> int:
         elif type(item).__module__.split(".")[0] == "decoding" and hasattr(item, "__dict__"):
             pending.extend(vars(item).values())
     return swapped
+
+
+def pack_like_target(owner, target) -> int:
+    """Packs the drafters `owner` (a method) holds as `target`'s linears are packed, and nothing when they are
+    not: a drafter runs as the target does. Called on every method after its setup (pipeline/runner.py,
+    pipeline/zoo.py) and, before a method times its drafter inside setup, by its cost profile
+    (decoding/drafting/verify_cost.py): the profile must time the drafter it will decode with."""
+    return pack_held_linears(owner, target.dtype) if getattr(target, "packed_linears", 0) else 0

@@ -17,7 +17,6 @@ from decoding.drafting.dflash_drafter import DFlashDrafter, load_drafter
 from decoding.drafting.domino_head import Float32Head
 from decoding.engine.transfer import to_device
 from decoding.engine.loop import DecodeState, Method, Proposal, StepResult
-from decoding.engine.packed_linear import pack_held_linears
 from decoding.engine.target import ForwardOutput, TargetModel
 from decoding.engine.tree import TokenTree
 from pipeline.errors import ConfigError, check_choice
@@ -66,8 +65,6 @@ class BlockDraftMethod(Method):
         self.lm_head = target.model.get_output_embeddings()
         self.taps = tuple(spec.target_layer_ids)
         self.head = Float32Head(drafter) if spec.is_domino else None  # the correction runs in fp32
-        if target.packed_linears:  # packed here, not after setup: CaDDTree and DominoTree time the drafter in theirs
-            pack_held_linears(self.drafter, target.dtype)
 
     def prefill_hidden_layers(self) -> tuple[int, ...]:
         return self.taps

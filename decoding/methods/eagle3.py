@@ -23,7 +23,6 @@ from decoding.drafting.verify_cost import STEADY_STATE_NEW_ROWS, CostAwareStop, 
 from decoding.drafting.eagle3_drafter import fitted_embeddings, load_eagle3
 from decoding.drafting.eagle_tree import compiled_expansion, dynamic_tree
 from decoding.engine import cuda_graph
-from decoding.engine.packed_linear import pack_held_linears
 from decoding.engine.loop import DecodeState, Method, Proposal, StepResult
 from decoding.engine.target import ForwardOutput, TargetModel
 from decoding.engine.transfer import to_device
@@ -106,8 +105,6 @@ class Eagle3(Method):
         self.chain_length = DraftLength(cfg.chain_length, cfg.chain_policy, cfg.max_chain_length, cfg.draft_cost)
         self.cost = None
         if cfg.budget == "cost_aware":
-            if target.packed_linears:  # packed before it is timed (the runner would pack it only after setup)
-                pack_held_linears(self.drafter, target.dtype)
             self.cost = self.cost_model(target)
 
     def cost_model(self, target: TargetModel):
@@ -133,7 +130,7 @@ class Eagle3(Method):
                          graphs, self.expand)
             cache.set_length(length)  # every round drafts after the same rows
 
-        return profiled_cost_model(target, cfg, draft_once, "eagle3",
+        return profiled_cost_model(target, cfg, draft_once, self, "eagle3",
                                    (cfg.top_k, cfg.depth, cfg.total_tokens, cfg.cuda_graph, cfg.compile))
 
     def prefill_hidden_layers(self) -> tuple[int, ...]:

@@ -139,7 +139,7 @@ def test_pack_for_decoding_follows_the_setting(monkeypatch):
     assert pack_for_decoding(random_target("tiny", dtype=torch.bfloat16).model, None) == 0
 
 
-def test_the_runner_packs_a_methods_drafter_and_block_drafters_are_packed_before_their_profiling(tmp_path):
+def test_the_runner_packs_a_methods_drafter(tmp_path):
     from decoding.drafting.verify_cost import machine_key
     from decoding.methods.eagle3 import Eagle3Config
     from pipeline.runner import build_method as runner_build_method
@@ -152,11 +152,41 @@ def test_the_runner_packs_a_methods_drafter_and_block_drafters_are_packed_before
     drafters = save_random_drafters(target, tmp_path / "drafters")
     method = runner_build_method(Eagle3Config(drafter=drafters["eagle3"]), target)
     assert isinstance(method.drafter.lm_head, PackedLinear)
-    # CaDDTree times its drafter inside setup: the block drafters are packed there, before the profile
-    caddtree = build_method("caddtree", target, tmp_path, max_budget=4, profile_node_counts=[1, 4],
-                            profile_context_lengths=[8], profile_repeats=1)
-    assert not any(type(m) is nn.Linear for m in caddtree.drafter.modules())
-    assert any(isinstance(m, PackedLinear) for m in caddtree.drafter.modules())
+    assert not any(type(m) is nn.Linear for m in method.drafter.modules())
+
+
+@pytest.mark.parametrize("name, loader, options", [
+    ("caddtree", "decoding.methods.block_draft.load_drafter", {"max_budget": 4}),
+    ("dominotree", "decoding.methods.block_draft.load_drafter", {"budget": "cond_adaptive", "max_budget": 4}),
+    ("eagle3", "decoding.methods.eagle3.load_eagle3", {"budget": "cost_aware", "total_tokens": 5, "depth": 1,
+                                                       "top_k": 2}),
+])
+def test_a_drafter_timed_inside_setup_is_packed_before_its_profile(name, loader, options, tmp_path, monkeypatch):
+    """CaDDTree, cost-aware DominoTree and EAGLE-3 time their drafter in setup, before the runner packs it: the
+    profile packs it first, so Cd is the cost of the drafter that decodes."""
+    import importlib
+
+    import decoding.drafting.verify_cost as verify_cost
+
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    target = random_target("tiny", dtype=torch.float32)
+    target.packed_linears = pack_for_decoding(target.model, True)
+    module, _, attr = loader.rpartition(".")
+    owner = importlib.import_module(module)
+    loaded, packed_when_profiled = [], []
+    load = getattr(owner, attr)
+    monkeypatch.setattr(owner, attr, lambda *a, **k: loaded.append(load(*a, **k)) or loaded[-1])
+    profile = verify_cost.profile_verify_cost
+
+    def profiled(*args, **kwargs):
+        packed_when_profiled.append([type(m) for m in loaded[-1].modules() if isinstance(m, nn.Linear | PackedLinear)])
+        return profile(*args, **kwargs)
+
+    monkeypatch.setattr(verify_cost, "profile_verify_cost", profiled)
+    build_method(name, target, tmp_path, profile_node_counts=[1, 4], profile_context_lengths=[8], profile_repeats=1,
+                 **options)
+    assert len(packed_when_profiled) == 1 and packed_when_profiled[0]
+    assert set(packed_when_profiled[0]) == {PackedLinear}
 
 
 def test_a_long_container_is_data_not_modules():
