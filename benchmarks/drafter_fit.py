@@ -1,9 +1,10 @@
-"""Does a shipped drafter (EAGLE-3 or DFlash) fit the answers it trained on better than new ones? Its training
+"""Does a shipped drafter (EAGLE-3, DFlash or Domino) fit the answers it trained on better than new ones? Its training
 metrics on answers of its training pool against the same metrics on the held-out validation answers.
 
 The trainer's own validation (EAGLE-3, `pipeline/train/eagle3.py` `validate`: top-1 agreement per
-training-time-test step, expected chain accept length at T=0, teacher-forced; DFlash, `pipeline/train/trainer.py`
-`validate`: loss and accept length of the block at sampled anchors, seeded) on
+training-time-test step, expected chain accept length at T=0, teacher-forced; DFlash and Domino,
+`pipeline/train/trainer.py` `validate`: loss and accept length of the block at sampled anchors, seeded, the same
+anchors for every drafter of a `drafter.num_anchors`, block size and label shift, so drafters compare paired) on
 - `validation`: the held-out answers (`drafter.val_sequences`, the corpus's lowest prompt hashes, as
   `pipeline/train/trainer.py` `training_samples` picks them);
 - `training`: the first `--train-answers` of the training pool in the trainer's shuffled order (a leg draws
@@ -13,7 +14,7 @@ training-time-test step, expected chain accept length at T=0, teacher-forced; DF
 Similar figures on both mean no sign of overfitting (an underfit drafter shows the same); whether more passes
 over the data help is for further training legs to measure. A large gap would mean it is short of data.
 
-    python benchmarks/drafter_fit.py [--kind eagle3|dflash] [--train-answers 64] [--dtype float32] [--threads 2]
+    python benchmarks/drafter_fit.py [--kind eagle3|dflash|domino] [--train-answers 64] [--dtype float32] [--threads 2]
         [drafter.num_anchors=64 ...]
 """
 
@@ -28,7 +29,7 @@ import torch
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--train-answers", type=int, default=64)
-    ap.add_argument("--kind", default="eagle3", choices=["eagle3", "dflash"])
+    ap.add_argument("--kind", default="eagle3", choices=["eagle3", "dflash", "domino"])
     ap.add_argument("--drafter", default=None, help="default: the shipped SmolLM2 drafter of --kind")
     ap.add_argument("--corpus", default="pipeline/assets/corpus/smollm2-135m")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])

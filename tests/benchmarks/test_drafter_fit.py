@@ -1,4 +1,4 @@
-"""benchmarks/drafter_fit.py: the shipped EAGLE-3 and DFlash drafters' metrics on held-out and training answers;
+"""benchmarks/drafter_fit.py: the shipped EAGLE-3, DFlash and Domino drafters' metrics on held-out and training answers;
 the held-out row reproduces the validation each drafter's training.json records."""
 
 import json
@@ -25,17 +25,37 @@ def test_drafter_fit_reproduces_the_recorded_validation():
     assert 1.0 <= rows["training"][-1] <= 8.0
 
 
+def recorded_leg(kind: str) -> tuple[dict, list[str]]:
+    """A shipped drafter's training.json and the overrides that repeat its last leg's validation (anchors per
+    answer and loss weights: the accept length moves with the anchors, the loss with both)."""
+    recorded = json.loads((PROJECT_ROOT / f"pipeline/assets/drafters/smollm2-135m/{kind}/training.json").read_text())
+    recipe = recorded.get("recipe", {"num_anchors": 16, "loss_decay_gamma": 7.0})  # before recipes were recorded
+    return recorded, [f"drafter.num_anchors={recipe['num_anchors']}", f"drafter.loss_decay_gamma={recipe['loss_decay_gamma']}"]
+
+
 @pytest.mark.slow
-def test_drafter_fit_reads_a_dflash_drafter_with_its_legs_anchor_count():
+def test_drafter_fit_reads_a_dflash_drafter_with_its_legs_recipe():
+    recorded, overrides = recorded_leg("dflash")
     proc = subprocess.run([sys.executable, "benchmarks/drafter_fit.py", "--kind", "dflash", "--train-answers", "1",
-                           "drafter.num_anchors=64"], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=900)
+                           *overrides], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-2000:]
     header, validation, training = proc.stdout.splitlines()[-3:]
     assert header.split() == ["answers", "loss", "accept_len", "top1_pos1", "top1_pos2", "top1_pos3"]
     assert training.split()[0] == "training"
-    values = {"validation": [float(x) for x in validation.split()[1:]]}  # one training answer may be too short: "-"
-    recorded = json.loads((PROJECT_ROOT / "pipeline/assets/drafters/smollm2-135m/dflash/training.json").read_text())
-    assert values["validation"][1] == pytest.approx(recorded["val/accept_len"], abs=0.02)
-    assert values["validation"][0] == pytest.approx(recorded["val/loss"], abs=0.05)
-    # each draft of the block agrees less often than the one before it (0.40 / 0.25 / 0.16 on 2026-12-07)
-    assert 1 > values["validation"][2] > values["validation"][3] > values["validation"][4] > 0
+    values = [float(x) for x in validation.split()[1:]]  # one training answer may be too short: "-"
+    assert values[1] == pytest.approx(recorded["val/accept_len"], abs=0.02)
+    assert values[0] == pytest.approx(recorded["val/loss"], abs=0.05)
+    # each draft of the block agrees less often than the one before it (0.44 / 0.30 / 0.16 on 2026-12-08)
+    assert 1 > values[2] > values[3] > values[4] > 0
+
+
+@pytest.mark.slow
+def test_drafter_fit_reads_the_domino_drafter_and_its_backbone_alone():
+    recorded, overrides = recorded_leg("domino")
+    proc = subprocess.run([sys.executable, "benchmarks/drafter_fit.py", "--kind", "domino", "--train-answers", "1",
+                           *overrides], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    header, validation = proc.stdout.splitlines()[-3:-1]
+    values = dict(zip(header.split()[1:], (float(x) for x in validation.split()[1:])))
+    assert values["accept_len"] == pytest.approx(recorded["val/accept_len"], abs=0.02)
+    assert values["accept_len_base"] == pytest.approx(recorded["val/accept_len_base"], abs=0.02)
