@@ -10,7 +10,7 @@ anchors for every drafter of a `drafter.num_anchors`, block size and label shift
 - `training`: the first `--train-answers` of the training pool in the trainer's shuffled order (a leg draws
   4 answers per step at random from the pool, so most of these were drawn at least once: the EAGLE-3 drafter
   shipped since 2026-12-06 drew 14,400 answers in its 3600 steps, all from the complete corpus; the DFlash
-  drafter's 3414 steps 13,656).
+  drafter shipped since 2026-12-08 16,056 in its 4014).
 Similar figures on both mean no sign of overfitting (an underfit drafter shows the same); whether more passes
 over the data help is for further training legs to measure. A large gap would mean it is short of data.
 
@@ -35,7 +35,8 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("overrides", nargs="*", help="training-config overrides the validation reads, e.g. "
-                    "drafter.num_anchors=64 (the DFlash leg that made the shipped drafter)")
+                    "drafter.num_anchors=64 drafter.loss_decay_gamma=2 (a drafter's last leg: its training.json "
+                    "`recipe`; the accept length moves with the anchors, the loss with both)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 

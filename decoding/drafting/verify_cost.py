@@ -234,7 +234,7 @@ def profile_verify_cost(target, node_counts: list[int], context_lengths: list[in
     return VerifyCostModel(list(node_counts), list(context_lengths), fitted, statistics.median(draft_times[1:]))
 
 
-def profiled_cost_model(target, cfg, draft_fn, method, tag: str = "", shape: tuple = ()) -> VerifyCostModel:
+def profiled_cost_model(target, cfg, draft_fn, *, method, tag: str = "", shape: tuple = ()) -> VerifyCostModel:
     """The cost model of a `method`'s `cfg` (its `drafter`, `profile_node_counts`, `profile_context_lengths`,
     `profile_repeats`), profiled with `draft_fn` for Cd, or read from the cache: keyed by the machine, the
     profile grid and what else changes the draft's cost (`shape`; `tag` names the method kind in the key).

@@ -53,7 +53,7 @@ def machine_cost_model(method: BlockDraftMethod, target: TargetModel, cfg) -> "V
     def draft_once():
         method.head_logits(method.drafter.draft(cache, committed, block, cache.length + len(committed)))
 
-    return profiled_cost_model(target, cfg, draft_once, method)
+    return profiled_cost_model(target, cfg, draft_once, method=method)
 
 
 class CaDDTree(BlockDraftMethod):

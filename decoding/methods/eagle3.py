@@ -130,8 +130,8 @@ class Eagle3(Method):
                          graphs, self.expand)
             cache.set_length(length)  # every round drafts after the same rows
 
-        return profiled_cost_model(target, cfg, draft_once, self, "eagle3",
-                                   (cfg.top_k, cfg.depth, cfg.total_tokens, cfg.cuda_graph, cfg.compile))
+        return profiled_cost_model(target, cfg, draft_once, method=self, tag="eagle3",
+                                   shape=(cfg.top_k, cfg.depth, cfg.total_tokens, cfg.cuda_graph, cfg.compile))
 
     def prefill_hidden_layers(self) -> tuple[int, ...]:
         return self.taps

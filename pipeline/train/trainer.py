@@ -448,8 +448,10 @@ def train(cfg: TrainConfig, run_config: dict, show_progress: bool = True) -> dic
                "train_minutes": round(prior.get("train_minutes", 0) + elapsed / 60, 1), "sequences": len(train_set),
                "tokens": sum(len(s["ids"]) for s in samples), "feature_scale": d.feature_scale,
                **({"init_from": d.init_from, "init_steps": prior_steps, "leg_steps": step} if continued else {}),
-               # this run's (a continued checkpoint's: its last leg's) objective and schedule
-               "recipe": {"lr": d.lr, "seqs_per_step": d.seqs_per_step, "num_anchors": d.num_anchors,
-                          "loss_decay_gamma": d.loss_decay_gamma},
+               # this run's (a continued checkpoint's: its last leg's) objective and schedule, as configured when
+               # it finished (a resumed run: its last start's values)
+               "recipe": {"lr": d.lr, "warmup_steps": d.warmup_steps, "seqs_per_step": d.seqs_per_step,
+                          "num_anchors": d.num_anchors, "loss_decay_gamma": d.loss_decay_gamma, "seed": d.seed,
+                          **({"lambda_start": d.lambda_start, "lambda_end": d.lambda_end} if d.kind == "domino" else {})},
                **{k: round(v, 4) for k, v in final.items()}}
     return publish(summary, out_dir, wb)

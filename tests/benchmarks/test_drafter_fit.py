@@ -59,3 +59,6 @@ def test_drafter_fit_reads_the_domino_drafter_and_its_backbone_alone():
     values = dict(zip(header.split()[1:], (float(x) for x in validation.split()[1:])))
     assert values["accept_len"] == pytest.approx(recorded["val/accept_len"], abs=0.02)
     assert values["accept_len_base"] == pytest.approx(recorded["val/accept_len_base"], abs=0.02)
+    # the curriculum's last weight on the base logits (steps as trained): the recorded loss again
+    assert values["loss"] == pytest.approx(recorded["val/loss"], abs=0.05)
+    assert values["loss_base"] == pytest.approx(recorded["val/loss_base"], abs=0.05)

@@ -197,7 +197,9 @@ def test_dflash_init_from_continues_a_trained_checkpoint_as_a_new_leg(tiny_model
     for summary in (continued, saved):
         assert (summary["steps"], summary["init_steps"], summary["leg_steps"]) == (3, 2, 1)
         assert summary["train_minutes"] >= 7.0
-        assert summary["recipe"]["lr"] == 0 and summary["recipe"]["loss_decay_gamma"] == 7.0  # the leg's, recorded
+        recipe = summary["recipe"]  # the leg's own, recorded
+        assert (recipe["lr"], recipe["loss_decay_gamma"], recipe["num_anchors"]) == (0, 7.0, 4)  # tiny_overrides
+        assert recipe["seqs_per_step"] >= 1 and "lambda_start" not in recipe  # Domino's curriculum only
     state = torch.load(tmp_path / "state" / "leg" / "train_state.pt", weights_only=False)
     assert state["step"] == 1 and {int(s["step"]) for s in state["optimizer"]["state"].values()} == {1}  # fresh AdamW
     before, after = (load_file(str(tmp_path / d / "model.safetensors")) for d in ("dflash", "leg"))
