@@ -8,15 +8,22 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.train.config import DrafterTrainConfig
+
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+def drafter_fit(*args: str) -> list[str]:
+    """The script's output lines, run from the project root (it must exit 0)."""
+    proc = subprocess.run([sys.executable, "benchmarks/drafter_fit.py", *args], cwd=PROJECT_ROOT,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout.splitlines()
 
 
 @pytest.mark.slow
 def test_drafter_fit_reproduces_the_recorded_validation():
-    proc = subprocess.run([sys.executable, "benchmarks/drafter_fit.py", "--train-answers", "2"], cwd=PROJECT_ROOT,
-                          capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    rows = {line.split()[0]: [float(x) for x in line.split()[1:]] for line in proc.stdout.splitlines()[-2:]}
+    rows = {line.split()[0]: [float(x) for x in line.split()[1:]] for line in drafter_fit("--train-answers", "2")[-2:]}
     assert set(rows) == {"validation", "training"}
     recorded = json.loads((PROJECT_ROOT / "pipeline/assets/drafters/smollm2-135m/eagle3/training.json").read_text())
     # the shipped weights are bf16, the recorded validation ran on the fp32 weights of the training run
@@ -29,17 +36,15 @@ def recorded_leg(kind: str) -> tuple[dict, list[str]]:
     """A shipped drafter's training.json and the overrides that repeat its last leg's validation (anchors per
     answer and loss weights: the accept length moves with the anchors, the loss with both)."""
     recorded = json.loads((PROJECT_ROOT / f"pipeline/assets/drafters/smollm2-135m/{kind}/training.json").read_text())
-    recipe = recorded.get("recipe", {"num_anchors": 16, "loss_decay_gamma": 7.0})  # before recipes were recorded
+    # before recipes were recorded: the leg ran at the trainer's defaults (the shipped Domino's did)
+    recipe = recorded.get("recipe", vars(DrafterTrainConfig()))
     return recorded, [f"drafter.num_anchors={recipe['num_anchors']}", f"drafter.loss_decay_gamma={recipe['loss_decay_gamma']}"]
 
 
 @pytest.mark.slow
 def test_drafter_fit_reads_a_dflash_drafter_with_its_legs_recipe():
     recorded, overrides = recorded_leg("dflash")
-    proc = subprocess.run([sys.executable, "benchmarks/drafter_fit.py", "--kind", "dflash", "--train-answers", "1",
-                           *overrides], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    header, validation, training = proc.stdout.splitlines()[-3:]
+    header, validation, training = drafter_fit("--kind", "dflash", "--train-answers", "1", *overrides)[-3:]
     assert header.split() == ["answers", "loss", "accept_len", "top1_pos1", "top1_pos2", "top1_pos3"]
     assert training.split()[0] == "training"
     values = [float(x) for x in validation.split()[1:]]  # one training answer may be too short: "-"
@@ -52,10 +57,7 @@ def test_drafter_fit_reads_a_dflash_drafter_with_its_legs_recipe():
 @pytest.mark.slow
 def test_drafter_fit_reads_the_domino_drafter_and_its_backbone_alone():
     recorded, overrides = recorded_leg("domino")
-    proc = subprocess.run([sys.executable, "benchmarks/drafter_fit.py", "--kind", "domino", "--train-answers", "1",
-                           *overrides], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    header, validation = proc.stdout.splitlines()[-3:-1]
+    header, validation = drafter_fit("--kind", "domino", "--train-answers", "1", *overrides)[-3:-1]
     values = dict(zip(header.split()[1:], (float(x) for x in validation.split()[1:])))
     assert values["accept_len"] == pytest.approx(recorded["val/accept_len"], abs=0.02)
     assert values["accept_len_base"] == pytest.approx(recorded["val/accept_len_base"], abs=0.02)
